@@ -1,0 +1,221 @@
+"""Entry point: pinned source, patch stack and cmake builds.
+
+    python harness/build.py --apply              # fetch the pin (first time) and apply patches/
+    python harness/build.py --build              # ... and build (backend: cpu on Linux, metal on macOS arm64)
+    python harness/build.py --status | --revert | --export
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `harness` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    __package__ = "harness"
+
+from harness import config, patches, source  # noqa: E402
+from harness.util import HarnessError, run, run_logged, say, which  # noqa: E402
+
+BACKENDS = ("cpu", "metal", "cuda", "metal-emu")
+DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-completion", "llama-quantize", "llama-bench",
+                   "test-backend-ops", "test-quantize-fns", "ggml", "llama")
+KEEP_BUILDS = 3  # per backend
+
+
+def default_backend() -> str:
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "metal"
+    return "cpu"
+
+
+def default_cuda_arch() -> str:
+    if which(["nvidia-smi"]):
+        return "native"
+    return "75;80;86;89;90"  # portable default: Turing .. Hopper
+
+
+def backend_flags(backend: str, cuda_arch: str | None = None) -> list[str]:
+    if backend == "cpu":
+        return []
+    if backend == "metal":
+        return ["-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"]
+    if backend == "cuda":
+        return ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch or default_cuda_arch()}"]
+    if backend == "metal-emu":
+        emu = config.METAL_SRC_DIR / "emu"
+        if not emu.is_dir():
+            raise HarnessError(f"backend metal-emu needs the emulator sources in {emu}, which do not exist")
+        return ["-DGGML_METAL=ON", "-DGGML_METAL_EMU=ON", f"-DGGML_METAL_EMU_DIR={emu}"]
+    raise HarnessError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def cmake_args(src: Path, bdir: Path, backend: str, extra: list[str], cuda_arch: str | None) -> list[str]:
+    args = ["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+            "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_TESTS=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_USE_PREBUILT_UI=OFF"]
+    if which(["ccache"]):
+        args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        if backend == "cuda":
+            args += ["-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+    return args + backend_flags(backend, cuda_arch) + list(extra)
+
+
+def _dir_hash(d: Path) -> str:
+    h = hashlib.sha256()
+    if d.is_dir():
+        for p in sorted(d.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                h.update(str(p.relative_to(d)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def build_key(tree: Path, backend: str, options: list[str]) -> str:
+    """(pin, applied series / work-tree state, backend, options, emulator sources) -> key."""
+    h = hashlib.sha256()
+    h.update(config.PIN.encode())
+    h.update(run(["git", "-C", str(tree), "rev-parse", "HEAD^{tree}"]).stdout.strip().encode())
+    if patches.dirty_files(tree):  # a developer's uncommitted edits count too
+        h.update(run(["git", "-C", str(tree), "diff", "HEAD"]).stdout.encode())
+        h.update("\n".join(patches.dirty_files(tree)).encode())
+    h.update(backend.encode())
+    h.update("\0".join(options).encode())
+    if backend == "metal-emu":
+        h.update(_dir_hash(config.METAL_SRC_DIR).encode())
+    return h.hexdigest()[:16]
+
+
+def _prune(backend: str, keep_dir: Path) -> None:
+    dirs = sorted((d for d in config.builds_dir().glob(f"{backend}-*") if d.is_dir() and d != keep_dir),
+                  key=lambda d: d.stat().st_mtime, reverse=True)
+    for d in dirs[KEEP_BUILDS - 1:]:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def build(tree: Path, backend: str = "cpu", targets: tuple[str, ...] | list[str] = DEFAULT_TARGETS,
+          jobs: int | None = None, extra: list[str] | None = None, cuda_arch: str | None = None) -> Path:
+    """Configure and build `targets` for `backend`; reuse the keyed build dir when nothing changed."""
+    extra = list(extra or [])
+    opts = extra + ([f"cuda_arch={cuda_arch}"] if cuda_arch else [])
+    bdir = config.builds_dir() / f"{backend}-{build_key(tree, backend, opts)}"
+    stamp = bdir / ".stq-built.json"
+    want = sorted(set(targets))
+    if stamp.exists():
+        have = set(json.loads(stamp.read_text()).get("targets", []))
+        if set(want) <= have:
+            say(f"build {bdir.name} is up to date ({backend}, {len(want)} targets)")
+            os.utime(bdir)
+            return bdir
+    bdir.mkdir(parents=True, exist_ok=True)
+    jobs = jobs or os.cpu_count() or 2
+    t0 = time.time()
+    if not (bdir / "CMakeCache.txt").exists():
+        say(f"configuring {backend} build in {bdir}")
+        run_logged(cmake_args(tree, bdir, backend, extra, cuda_arch), bdir / "configure.log",
+                   step=f"cmake configure ({backend})", echo=False)
+    say(f"building {', '.join(want)} with {jobs} jobs (log: {bdir / 'build.log'})")
+    run_logged(["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *want], bdir / "build.log",
+               step=f"cmake build ({backend})")
+    have = set(want)
+    if stamp.exists():
+        have |= set(json.loads(stamp.read_text()).get("targets", []))
+    stamp.write_text(json.dumps({"targets": sorted(have), "backend": backend, "seconds": time.time() - t0}))
+    say(f"built in {time.time() - t0:.0f} s: {bdir}")
+    _prune(backend, bdir)
+    return bdir
+
+
+def ensure_build(backend: str = "cpu", targets=DEFAULT_TARGETS, tree: Path | None = None,
+                 jobs: int | None = None) -> Path:
+    """Fetch the pin if needed, apply patches/, build. What tests and the demo call."""
+    tree = source.ensure_tree(tree)
+    patches.apply(tree)
+    return build(tree, backend, targets, jobs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python harness/build.py",
+        description="Pinned llama.cpp + the stq-metal patch stack + cmake builds. With no action, "
+                    "prints the patch status.")
+    act = ap.add_argument_group("actions (combine --apply and --build; --build implies --apply)")
+    act.add_argument("--apply", action="store_true",
+                     help="fetch the pinned source if absent and apply patches/*.patch as commits "
+                          "(a second --apply changes nothing)")
+    act.add_argument("--revert", action="store_true",
+                     help="return the work tree to the pin exactly (refuses work not saved in patches/)")
+    act.add_argument("--status", action="store_true",
+                     help="list applied / missing / locally modified patches and uncommitted files")
+    act.add_argument("--export", action="store_true",
+                     help="regenerate patches/ from the work-tree commits (stable bytes: no churn)")
+    act.add_argument("--build", action="store_true", help="apply, then build the targets for --backend")
+    ap.add_argument("command", nargs="?", choices=["export"],
+                    help="`export` is the same as --export")
+    src = ap.add_argument_group("source")
+    src.add_argument("--source", choices=["sdist", "git"], default="sdist",
+                     help="where to get the pin the first time: the llama-cpp-python sdist from PyPI "
+                          "(default, sha256-verified) or a git clone of upstream")
+    src.add_argument("--sdist", type=Path, help="use this local copy of the sdist instead of downloading it")
+    src.add_argument("--llama-dir", type=Path,
+                     help="use your own llama.cpp checkout (must be at the pin) as the work tree")
+    src.add_argument("--cache-dir", type=Path,
+                     help=f"cache root (default $STQ_METAL_CACHE or the XDG cache: {config.cache_dir()})")
+    b = ap.add_argument_group("build")
+    b.add_argument("--backend", choices=BACKENDS, default=None,
+                   help=f"backend to build (default here: {default_backend()})")
+    b.add_argument("--target", action="append", dest="targets",
+                   help=f"cmake target, repeatable (default: {' '.join(DEFAULT_TARGETS)})")
+    b.add_argument("--jobs", "-j", type=int, help="parallel build jobs (default: all cores)")
+    b.add_argument("--cmake-arg", action="append", default=[], help="extra cmake -D option, repeatable")
+    b.add_argument("--cuda-arch", help="CMAKE_CUDA_ARCHITECTURES for --backend cuda "
+                                       "(default: native with a GPU, else 75;80;86;89;90)")
+    ap.add_argument("--force", action="store_true", help="with --revert: discard commits not in patches/")
+    args = ap.parse_args(argv)
+    if args.cache_dir:
+        os.environ["STQ_METAL_CACHE"] = str(args.cache_dir.expanduser().resolve())
+    if args.command == "export":
+        args.export = True
+    try:
+        if args.llama_dir:
+            tree = source.ensure_tree(args.llama_dir, user_tree=True)
+        elif args.revert or args.status or args.export:
+            tree = config.default_tree()
+            if not tree.exists():
+                raise HarnessError(f"no work tree at {tree} yet: run `python harness/build.py --apply` first")
+            source.check_user_tree(tree)
+        else:
+            tree = source.ensure_tree(None, source=args.source, sdist=args.sdist)
+        if args.revert:
+            patches.revert(tree, force=args.force)
+        if args.export:
+            rep = patches.export(tree)
+            for k in ("written", "removed"):
+                for n in rep[k]:
+                    say(f"{k} patches/{n}")
+            say(f"export: {len(rep['written'])} written, {len(rep['unchanged'])} unchanged, "
+                f"{len(rep['removed'])} removed")
+        if args.apply or args.build:
+            patches.apply(tree)
+        if args.build:
+            bdir = build(tree, args.backend or default_backend(), tuple(args.targets or DEFAULT_TARGETS),
+                         args.jobs, args.cmake_arg, args.cuda_arch)
+            print(bdir)
+        if args.status or not (args.apply or args.build or args.revert or args.export):
+            st = patches.state(tree)
+            print(f"work tree: {tree}\npin: {config.PIN}\n{patches.format_status(st)}")
+    except HarnessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

