@@ -443,6 +443,21 @@ class GGML:
         self._backends[name] = be
         return be
 
+    def is_cpu_backend(self, name: str) -> bool:
+        return name.upper() == "CPU"
+
+    def cpu_guard(self, op: str, *args) -> None:
+        """The CPU backend reports support for every type and aborts (or crashes) on a quantized
+        type it has no kernels for, e.g. in a build with only the type core of a new type.  A
+        type the CPU backend knows has a CPU vec_dot; refuse the others here, with a message."""
+        for a in args:
+            if not a:
+                continue
+            t = a.contents.type
+            if self.is_quantized(t) and not self.traits_cpu(t).vec_dot:
+                raise GGMLError(f"the CPU backend of {self.build_dir} has no kernels for {self.type_name(t)} "
+                                f"({op} would abort)")
+
     def close(self) -> None:
         for be in self._backends.values():
             self.fn("ggml_backend_free")(be)
@@ -559,6 +574,8 @@ class Graph:
         return tp
 
     def op(self, name: str, *args):
+        if self.lib.is_cpu_backend(self.backend_name):
+            self.lib.cpu_guard(name, *args)
         tp = self.lib.fn(name)(self.ctx, *args)
         if not tp:
             raise GGMLError(f"{name} failed")

@@ -214,41 +214,71 @@ def _fp16_scale(d: np.ndarray) -> np.ndarray:
     return np.minimum(d, _FP16_MAX).astype(np.float16)
 
 
-def _select(xg: np.ndarray, wg: np.ndarray, d: np.ndarray):
-    """Best ternary selection of every group for scales ``d`` >= 0.
+class _Lanes:
+    """One chunk of blocks in lane-major layout: ``ax[p, b*64 + g]`` is |x| of lane p of group g
+    of block b (so that per-lane work is element-wise on contiguous arrays)."""
 
-    xg, wg: (nb, 64, 4); d: (nb,).  Returns q (nb, 64, 4) int8.  Non-zero lanes take the sign of
-    x (+1 for x == 0); the zero lane is the one whose zeroing costs least:
-    cost(zero lane z) - cost(lane z = sign*d) = w_z * d * (2|x_z| - d).  Ties go to the smaller
-    |x|, then to the lower lane, so that the result does not depend on d where all costs tie.
-    """
-    ax = np.abs(xg)
-    cost = wg * (2.0 * ax - d[:, None, None]) * d[:, None, None]
-    z = _argmin_ties(cost, ax)
-    q = np.where(xg < 0, -1, 1).astype(np.int8)
-    np.put_along_axis(q, z[..., None], 0, axis=-1)
-    return q
+    def __init__(self, xb: np.ndarray, wb: np.ndarray | None):
+        nb = xb.shape[0]
+        self.nb = nb
+        xl = xb[:, GROUP_INDEX].transpose(2, 0, 1).reshape(4, nb * GROUPS)  # (4, G)
+        self.neg = xl < 0
+        self.ax = np.abs(xl)
+        if wb is None:
+            self.w = None
+            self.wax = self.ax
+            self.wsum = None
+            a = (self.ax * self.ax).reshape(4, nb, GROUPS).sum(axis=(0, 2))
+        else:
+            self.w = wb[:, GROUP_INDEX].transpose(2, 0, 1).reshape(4, nb * GROUPS)
+            self.wax = self.w * self.ax
+            a = (self.wax * self.ax).reshape(4, nb, GROUPS).sum(axis=(0, 2))
+        self.sq = a  # per block sum of w*x^2
 
+    def select(self, d: np.ndarray) -> np.ndarray:
+        """Zero lane of every group for per-block scales ``d`` >= 0: the lane whose zeroing costs
+        least, cost(zero z) - cost(z = sign*d) = w_z * d * (2|x_z| - d); ties go to the smaller
+        |x|, then to the lower lane (so the choice does not depend on d where costs tie)."""
+        dg = np.repeat(d, GROUPS)
+        ax = self.ax
+        cost = (2.0 * ax - dg) * dg
+        if self.w is not None:
+            cost *= self.w
+        z = np.zeros(ax.shape[1], dtype=np.int8)
+        bc, ba = cost[0].copy(), ax[0].copy()
+        for p in range(1, 4):
+            better = (cost[p] < bc) | ((cost[p] == bc) & (ax[p] < ba))
+            z[better] = p
+            np.copyto(bc, cost[p], where=better)
+            np.copyto(ba, ax[p], where=better)
+        return z
 
-def _argmin_ties(cost: np.ndarray, ax: np.ndarray) -> np.ndarray:
-    # argmin of cost over the last axis; equal costs decided by the smaller ax, then lower index
-    # (np.argmin returns the first minimum, which gives the lower index)
-    cmin = cost.min(axis=-1, keepdims=True)
-    masked = np.where(cost == cmin, ax, np.inf)
-    return np.argmin(masked, axis=-1)
+    def sums(self, z: np.ndarray):
+        """Per block: sum(w*q*x) and sum(w*q*q) for the selection ``z`` (q = +-1 off the zero lane)."""
+        nz = np.arange(4, dtype=np.int8)[:, None] != z[None, :]
+        num = np.where(nz, self.wax, 0.0).reshape(4, self.nb, GROUPS).sum(axis=(0, 2))
+        if self.w is None:
+            den = np.full(self.nb, 3.0 * GROUPS)
+        else:
+            den = np.where(nz, self.w, 0.0).reshape(4, self.nb, GROUPS).sum(axis=(0, 2))
+        return num, den
 
+    def scale_and_error(self, z: np.ndarray):
+        """Least-squares fp16 scale for selection ``z`` and the weighted error it gives."""
+        num, den = self.sums(z)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+        d16 = _fp16_scale(np.maximum(d, 0.0))
+        dd = d16.astype(np.float64)
+        return d16, self.sq - 2.0 * dd * num + dd * dd * den
 
-def _ls_scale(xg, wg, q):
-    num = (wg * q * xg).sum(axis=(1, 2))
-    den = (wg * q * q).sum(axis=(1, 2))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
-    return np.maximum(d, 0.0)
-
-
-def _block_error(xg, wg, q, d16):
-    r = xg - q * d16.astype(np.float64)[:, None, None]
-    return (wg * r * r).sum(axis=(1, 2))
+    def blocks(self, z: np.ndarray, d16: np.ndarray) -> np.ndarray:
+        # lane code (q + 1): 1 on the zero lane, 0 / 2 for negative / positive lanes
+        lane = np.where(self.neg, 0, 2).astype(np.uint8)
+        lane[z, np.arange(z.size)] = 1
+        pattern = (lane << _LANE_SHIFTS[:, None]).sum(axis=0, dtype=np.uint8)
+        idx = _PATTERN_TO_INDEX[pattern].astype(np.uint8).reshape(self.nb, GROUPS)
+        return pack_blocks(idx & 0x0F, idx >> 4, d16)
 
 
 def _grouped(x: np.ndarray, imatrix, name: str = "x"):
@@ -258,7 +288,7 @@ def _grouped(x: np.ndarray, imatrix, name: str = "x"):
     n_per_row = x.shape[-1]
     if n_per_row % QK:
         raise ValueError(f"STQ1_0 rows must be a multiple of {QK} weights, got rows of {n_per_row}")
-    xf = x.reshape(-1, n_per_row).astype(np.float64)
+    xf = x.reshape(-1, n_per_row)
     if not np.isfinite(xf).all():
         raise ValueError(f"{name} contains non-finite values")
     if imatrix is None:
@@ -272,23 +302,23 @@ def _grouped(x: np.ndarray, imatrix, name: str = "x"):
     return x.shape, xf, w
 
 
-def _chunks(nrows: int, n_per_row: int, max_blocks: int = 1 << 14):
+def _chunks(xf: np.ndarray, w, max_blocks: int = 1 << 13):
+    """(x blocks float64 (nb, 256), weight blocks or None) in chunks of whole rows."""
+    nrows, n_per_row = xf.shape
     rows_per = max(1, max_blocks * QK // n_per_row)
     for r0 in range(0, nrows, rows_per):
-        yield r0, min(nrows, r0 + rows_per)
-
-
-def _weights_for(w, r0, r1, n_per_row):
-    if w is None:
-        return np.ones(((r1 - r0) * n_per_row // QK, GROUPS, 4))
-    wb = np.broadcast_to(w, (r1 - r0, n_per_row)).reshape(-1, QK)
-    wg = wb[:, GROUP_INDEX]
-    # a block whose importance is all zero falls back to uniform weights
-    dead = wg.sum(axis=(1, 2)) <= 0
-    if dead.any():
-        wg = wg.copy()
-        wg[dead] = 1.0
-    return wg
+        r1 = min(nrows, r0 + rows_per)
+        xb = xf[r0:r1].astype(np.float64).reshape(-1, QK)
+        if w is None:
+            yield xb, None
+            continue
+        wb = np.broadcast_to(w, (r1 - r0, n_per_row)).reshape(-1, QK)
+        # a block whose importance is all zero falls back to uniform weights
+        dead = wb.sum(axis=1) <= 0
+        if dead.any():
+            wb = wb.copy()
+            wb[dead] = 1.0
+        yield xb, wb
 
 
 def _out_shape(shape):
@@ -300,37 +330,31 @@ def encode(x, imatrix=None, rounds: int = 4) -> np.ndarray:
 
     ``imatrix``: optional non-negative importance of each column (n_per_row values).
     ``rounds``: alternations of (selection for fixed scale, least-squares scale for fixed
-    selection) after the initial selection.  Returns uint8 of shape (..., n_per_row/256*42).
+    selection) after the initial selection; the best (weighted squared error, fp16 scale) of
+    all candidates is kept.  Returns uint8 of shape (..., n_per_row/256*42).
     """
     if rounds < 0:
         raise ValueError("rounds must be >= 0")
     shape, xf, w = _grouped(x, imatrix)
-    nrows, n_per_row = xf.shape
-    out = np.empty((nrows * n_per_row // QK, BLOCK_BYTES), dtype=np.uint8)
-    ob = 0
-    for r0, r1 in _chunks(nrows, n_per_row):
-        xg = xf[r0:r1].reshape(-1, QK)[:, GROUP_INDEX]  # (nb, 64, 4)
-        wg = _weights_for(w, r0, r1, n_per_row)
-        nb = xg.shape[0]
-        # initial selection: zero the lane of smallest w*|x| (the cost for d -> 0+)
-        q = _select(xg, wg, np.full(nb, 1e-30))
-        d16 = _fp16_scale(_ls_scale(xg, wg, q))
-        best_q, best_d = q, d16
-        best_err = _block_error(xg, wg, q, d16)
+    parts = []
+    for xb, wb in _chunks(xf, w):
+        L = _Lanes(xb, wb)
+        # initial selection: the limit d -> 0+, i.e. zero the lane of smallest w*|x|
+        z = L.select(np.full(L.nb, 1e-30))
+        d16, err = L.scale_and_error(z)
+        best_z, best_d, best_err = z, d16, err
         for _ in range(rounds):
-            q = _select(xg, wg, d16.astype(np.float64))
-            d16 = _fp16_scale(_ls_scale(xg, wg, q))
-            err = _block_error(xg, wg, q, d16)
+            z = L.select(d16.astype(np.float64))
+            d16, err = L.scale_and_error(z)
             better = err < best_err
             if not better.any():
                 break
-            best_q = np.where(better[:, None, None], q, best_q)
+            bg = np.repeat(better, GROUPS)
+            best_z = np.where(bg, z, best_z)
             best_d = np.where(better, d16, best_d)
             best_err = np.where(better, err, best_err)
-        t = np.empty((nb, QK), dtype=np.int8)
-        t[:, _GROUP_INDEX_FLAT] = best_q.reshape(nb, QK)
-        out[ob : ob + nb] = blocks_from_ternary(t, best_d)
-        ob += nb
+        parts.append(L.blocks(best_z, best_d))
+    out = np.concatenate(parts) if parts else np.empty((0, BLOCK_BYTES), np.uint8)
     return out.reshape(_out_shape(shape))
 
 
@@ -338,22 +362,16 @@ def encode_with_scale(x, d, imatrix=None) -> np.ndarray:
     """Quantize with given per-block scales ``d`` (one per 256 weights, >= 0, rounded to fp16);
     only the selection is optimized.  ``encode_with_scale(x, amax)`` is the naive baseline."""
     shape, xf, w = _grouped(x, imatrix)
-    nrows, n_per_row = xf.shape
     d16 = _fp16_scale(np.abs(np.asarray(d, dtype=np.float64)).reshape(-1))
-    if d16.size != nrows * n_per_row // QK:
-        raise ValueError(f"need one scale per block ({nrows * n_per_row // QK}), got {d16.size}")
-    out = np.empty((d16.size, BLOCK_BYTES), dtype=np.uint8)
-    ob = 0
-    for r0, r1 in _chunks(nrows, n_per_row):
-        xg = xf[r0:r1].reshape(-1, QK)[:, GROUP_INDEX]
-        wg = _weights_for(w, r0, r1, n_per_row)
-        nb = xg.shape[0]
-        dd = d16[ob : ob + nb]
-        q = _select(xg, wg, dd.astype(np.float64))
-        t = np.empty((nb, QK), dtype=np.int8)
-        t[:, _GROUP_INDEX_FLAT] = q.reshape(nb, QK)
-        out[ob : ob + nb] = blocks_from_ternary(t, dd)
-        ob += nb
+    if d16.size != xf.size // QK:
+        raise ValueError(f"need one scale per block ({xf.size // QK}), got {d16.size}")
+    parts, ob = [], 0
+    for xb, wb in _chunks(xf, w):
+        L = _Lanes(xb, wb)
+        dd = d16[ob:ob + L.nb]
+        parts.append(L.blocks(L.select(dd.astype(np.float64)), dd))
+        ob += L.nb
+    out = np.concatenate(parts) if parts else np.empty((0, BLOCK_BYTES), np.uint8)
     return out.reshape(_out_shape(shape))
 
 
