@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# CUDA on the lent GPU machine, in as few device calls as possible.
+#
+# Here (no GPU needed):
+#   harness/cuda_device.sh pack [TREE]
+#       TREE: a llama.cpp tree with the series applied (default: the harness's applied tree,
+#       `python3 harness/build.py --apply`). Packs its tracked files, without .git, models/, docs/,
+#       media/, examples/ and the other GPU backends, into .dev/cuda/src.tar.xz (~7 MB; .dev/ is
+#       ignored by git and is carried to the device by naming it in `carry`).
+#
+# There (through the device tool, from the repo root; the machine stays warm ~30 s between calls, and a
+# warm machine keeps .dev/cuda/build, so a second call within that window skips the build):
+#   run(command="bash harness/cuda_device.sh remote all", carry=[".dev"], timeout_s=600)
+#       stages (any subset, in this order): build test sanitize bench ncu  ("all" = build test sanitize bench)
+#       logs and results go to $OUT (at most 8 files come back): build.log, test.log, sanitize.log,
+#       bench.log, bench.json, ncu.log
+#
+# Environment (remote): STQ_CUDA_FA=ON builds the FlashAttention kernels too (default OFF: they cost
+# minutes of build time and no STQ1_0 path uses them); STQ_CUDA_JOBS (default: nproc).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEV="$HERE/.dev/cuda"
+
+pack() {
+    local tree="${1:-}"
+    if [ -z "$tree" ]; then
+        tree="$(cd "$HERE" && python3 -c 'from harness import config; print(config.default_tree())')"
+    fi
+    if ! git -C "$tree" rev-parse --git-dir >/dev/null 2>&1; then
+        echo "error: $tree is not a git work tree (apply the series first: python3 harness/build.py --apply)" >&2
+        exit 1
+    fi
+    if [ -n "$(git -C "$tree" status --porcelain --untracked-files=no)" ]; then
+        echo "warning: $tree has uncommitted changes; packing the working files as they are" >&2
+    fi
+    mkdir -p "$DEV"
+    local list tmp
+    list="$(mktemp)"
+    tmp="$DEV/src.tar.xz.tmp"
+    git -C "$tree" ls-files -z | tr '\0' '\n' | grep -Ev \
+        -e '^(models|docs|media|examples|\.github|\.devops|gguf-py/tests|tools/server/public|tools/server/webui)/' \
+        -e '^ggml/src/ggml-(metal|vulkan|sycl|opencl|cann|webgpu|hip|musa|zdnn|kompute|zendnn|virtgpu|openvino|hexagon)/' \
+        > "$list" || true
+    # test-backend-ops and the tokenizer tests reference a few model files by path only; nothing reads them
+    (cd "$tree" && tar --no-recursion -cJf "$tmp" -T "$list")
+    mv "$tmp" "$DEV/src.tar.xz"
+    rm -f "$list"
+    (cd "$tree" && git log -1 --format='%H %s') > "$DEV/src.commit"
+    echo "packed $(wc -c < "$DEV/src.tar.xz") bytes from $tree ($(cut -c1-12 "$DEV/src.commit")) into $DEV/src.tar.xz"
+}
+
+remote() {
+    local stages="${*:-all}"
+    [ "$stages" = "all" ] && stages="build test sanitize bench"
+    local out="${OUT:-$DEV/out}"
+    mkdir -p "$out"
+    local src="$DEV/src" bld="$DEV/build"
+    local jobs="${STQ_CUDA_JOBS:-$(nproc)}"
+    export PYTHONUNBUFFERED=1
+
+    if [ ! -f "$DEV/src.tar.xz" ]; then
+        echo "error: $DEV/src.tar.xz is missing: run 'harness/cuda_device.sh pack' here and carry .dev" >&2
+        exit 1
+    fi
+    # unpack only when the tarball changed (a warm machine keeps the tree and the build)
+    local sum
+    sum="$(sha256sum "$DEV/src.tar.xz" | cut -c1-16)"
+    if [ ! -f "$src/.packed-$sum" ]; then
+        rm -rf "$src"
+        mkdir -p "$src"
+        tar -xJf "$DEV/src.tar.xz" -C "$src"
+        # interim, until the series' test-backend-ops has STQ1_0 cases (patch 0004): test STQ1_0 wherever
+        # test-backend-ops loops over all quantized types (device copy only; the series is not changed)
+        if ! grep -q GGML_TYPE_STQ1_0 "$src/tests/test-backend-ops.cpp"; then
+            sed -i 's/^    GGML_TYPE_IQ4_NL, GGML_TYPE_IQ3_S, GGML_TYPE_IQ4_XS,$/&\n    GGML_TYPE_STQ1_0, \/\/ interim (cuda_device.sh)/' "$src/tests/test-backend-ops.cpp"
+            grep -q GGML_TYPE_STQ1_0 "$src/tests/test-backend-ops.cpp" && echo "note: interim STQ1_0 entry added to all_types of test-backend-ops (no patch 0004 yet)"
+        fi
+        touch "$src/.packed-$sum"
+    fi
+
+    for st in $stages; do
+        case "$st" in
+        build)
+            {
+                echo "== $(date -u +%FT%TZ) build ($(cat "$DEV/src.commit" 2>/dev/null || echo '?'))"
+                nvidia-smi -L || true
+                nvcc --version | tail -2
+                echo "ccache: $(command -v ccache || echo absent)"
+                cmake -S "$src" -B "$bld" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+                    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA="${STQ_CUDA_FA:-OFF}" \
+                    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+                    -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > /dev/null
+                local t0=$SECONDS
+                ninja -C "$bld" -j "$jobs" test-backend-ops test-mul-mat-batch-invariance 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+                test -x "$bld/bin/test-mul-mat-batch-invariance"
+                echo "== build done in $((SECONDS - t0)) s"
+            } 2>&1 | tee -a "$out/build.log"
+            ;;
+        test)
+            {
+                echo "== $(date -u +%FT%TZ) batch invariance"
+                "$bld/bin/test-mul-mat-batch-invariance" -b CUDA0 -t stq1_0 || echo "!! stq1_0 batch invariance FAILED"
+                "$bld/bin/test-mul-mat-batch-invariance" -b CUDA0 -t q4_0 --expect-variant || echo "!! q4_0 control FAILED"
+                echo "== $(date -u +%FT%TZ) test-backend-ops (STQ1_0 cases)"
+                for op in MUL_MAT MUL_MAT_ID GET_ROWS CPY; do
+                    "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'stq1_0|tests passed|FAIL|not supported' | grep -v ': OK$' | tail -40 || true
+                done
+                echo "== $(date -u +%FT%TZ) pytest tests/test_cuda_stq1_0.py"
+                (cd "$HERE" && STQ_CUDA_BUILD="$bld" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stq1_0.py -rs 2>&1 | tail -40) || true
+            } 2>&1 | tee -a "$out/test.log"
+            ;;
+        sanitize)
+            {
+                echo "== $(date -u +%FT%TZ) compute-sanitizer memcheck"
+                compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+                    "$bld/bin/test-mul-mat-batch-invariance" -b CUDA0 -t stq1_0 --quick 2>&1 | tail -25 || echo "!! memcheck: batch-invariance reported errors"
+                for op in MUL_MAT MUL_MAT_ID GET_ROWS CPY; do
+                    echo "-- test-backend-ops -o $op -p stq1_0 under memcheck"
+                    compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+                        "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'ERROR SUMMARY|tests passed|Invalid|out of bounds' | head -10 || echo "!! memcheck: $op reported errors"
+                done
+                echo "-- pytest subset (cuBLAS prefill, get_rows, cpy) under memcheck"
+                (cd "$HERE" && STQ_CUDA_BUILD="$bld" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+                    python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stq1_0.py \
+                    -k "(test_mul_mat and 768-100 and (-9 or -32)) or get_rows or cpy or (e8-top2)" 2>&1 | grep -E 'ERROR SUMMARY|passed|failed|Invalid' | tail -8) || echo "!! memcheck: pytest subset reported errors"
+            } 2>&1 | tee -a "$out/sanitize.log"
+            ;;
+        bench)
+            (cd "$HERE" && python3 harness/bench_cuda.py --build "$bld" --json "$out/bench.json" ${STQ_BENCH_ARGS:-}) 2>&1 | tee -a "$out/bench.log"
+            ;;
+        ncu)
+            {
+                echo "== $(date -u +%FT%TZ) ncu: STQ1_0 and Q4_0 mmvq at 32768x16384"
+                (cd "$HERE" && ncu --clock-control none -k regex:mul_mat_vec_q --launch-skip 8 --launch-count 2 \
+                    --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
+                    --section InstructionStats \
+                    python3 harness/bench_cuda.py --build "$bld" --workloads big --types stq1_0,q4_0 --rounds 1 \
+                    --graphs 1 --min-nodes 4 --copy-mb 64) 2>&1 | grep -Ev '^==PROF==' | tail -150
+            } 2>&1 | tee -a "$out/ncu.log"
+            ;;
+        *)
+            echo "error: unknown stage '$st' (build test sanitize bench ncu all)" >&2
+            exit 2
+            ;;
+        esac
+    done
+}
+
+case "${1:-}" in
+    pack)   shift; pack "$@" ;;
+    remote) shift; remote "$@" ;;
+    *)      sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 2 ;;
+esac
