@@ -138,6 +138,9 @@ _SIGS = {
     "gguf_get_tensor_name": (C.c_char_p, [P, C.c_int64]),
     "gguf_get_tensor_type": (C.c_int, [P, C.c_int64]),
     "gguf_get_tensor_size": (C.c_size_t, [P, C.c_int64]),
+    "gguf_get_tensor_offset": (C.c_size_t, [P, C.c_int64]),
+    "gguf_get_data_offset": (C.c_size_t, [P]),
+    "gguf_get_alignment": (C.c_size_t, [P]),
     # ggml (backend registry, alloc)
     "ggml_backend_load_all_from_path": (None, [C.c_char_p]),
     "ggml_backend_reg_by_name": (P, [C.c_char_p]),
@@ -389,6 +392,23 @@ class GGML:
         return s.value
 
     # -- gguf ---------------------------------------------------------------------------------
+
+    def gguf_info(self, path) -> dict:
+        """The build's GGUF loader on a file's header only (no data read): ``{"data_offset",
+        "alignment", "tensors": [(name, type, offset, size), ...]}``."""
+        params = gguf_init_params(True, None)
+        g = self.fn("gguf_init_from_file")(str(path).encode(), params)
+        if not g:
+            raise GGMLError(f"{path}: gguf_init_from_file of {self.build_dir} refused the file")
+        try:
+            ts = []
+            for i in range(self.fn("gguf_get_n_tensors")(g)):
+                ts.append((self.fn("gguf_get_tensor_name")(g, i).decode(), self.fn("gguf_get_tensor_type")(g, i),
+                           self.fn("gguf_get_tensor_offset")(g, i), self.fn("gguf_get_tensor_size")(g, i)))
+            return {"data_offset": self.fn("gguf_get_data_offset")(g), "alignment": self.fn("gguf_get_alignment")(g),
+                    "tensors": ts}
+        finally:
+            self.fn("gguf_free")(g)
 
     def gguf_load(self, path) -> dict[str, dict]:
         """Load a GGUF file with the build's loader (data read into a ggml context).  Returns

@@ -11,6 +11,7 @@ GGUF v2/v3, little endian only.  Every error names the file and the byte offset.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -97,23 +98,20 @@ class GGUFLayout:
 
 
 class _Reader:
-    def __init__(self, f: BinaryIO, path, size: int):
-        self.f = f
+    """Sequential reader over a memory map of the file (never reads past its end)."""
+
+    def __init__(self, buf, path, size: int):
+        self.buf = buf
         self.path = path
         self.size = size
-
-    @property
-    def pos(self) -> int:
-        return self.f.tell()
+        self.pos = 0
 
     def read(self, n: int, what: str) -> bytes:
         at = self.pos
         if n < 0 or at + n > self.size:
             raise GGUFFormatError(self.path, f"truncated: {what} needs {n} bytes, file has {self.size - at} left", at)
-        b = self.f.read(n)
-        if len(b) != n:
-            raise GGUFFormatError(self.path, f"short read of {what}", at)
-        return b
+        self.pos = at + n
+        return self.buf[at:at + n]
 
     def scalar(self, t: int, what: str):
         fmt = _SCALAR[t]
@@ -136,6 +134,27 @@ class _Reader:
         except UnicodeDecodeError as e:
             raise GGUFFormatError(self.path, f"corrupt: {what} is not UTF-8 ({e})", at) from None
 
+    def strings(self, n: int, what: str) -> list[str]:
+        out = []
+        buf, size, unpack = self.buf, self.size, struct.Struct("<Q").unpack_from
+        pos = self.pos
+        for i in range(n):
+            if pos + 8 > size:
+                self.pos = pos
+                raise GGUFFormatError(self.path, f"truncated: length of {what}[{i}]", pos)
+            ln = unpack(buf, pos)[0]
+            if ln > _MAX_STRING or pos + 8 + ln > size:
+                self.pos = pos
+                raise GGUFFormatError(self.path, f"truncated or corrupt: {what}[{i}] of {ln} bytes", pos)
+            raw = buf[pos + 8:pos + 8 + ln]
+            try:
+                out.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise GGUFFormatError(self.path, f"corrupt: {what}[{i}] is not UTF-8 ({e})", pos) from None
+            pos += 8 + ln
+        self.pos = pos
+        return out
+
     def value(self, t: int, what: str):
         at = self.pos
         if t in _SCALAR:
@@ -154,6 +173,8 @@ class _Reader:
             if et in (T_STRING, T_ARRAY):
                 if n > self.size - self.pos:  # every element takes at least one byte
                     raise GGUFFormatError(self.path, f"corrupt: array {what} claims {n} elements", at)
+                if et == T_STRING:
+                    return self.strings(n, what)
                 return [self.value(et, f"{what}[{i}]") for i in range(n)]
             raise GGUFFormatError(self.path, f"corrupt: array {what} has unknown element type {et}", at)
         raise GGUFFormatError(self.path, f"corrupt: {what} has unknown value type {t}", at)
@@ -168,57 +189,63 @@ def read_layout(path) -> GGUFLayout:
     except OSError as e:
         raise GGUFFormatError(path, f"cannot open: {e.strerror}") from None
     with f:
-        r = _Reader(f, path, size)
-        magic = r.read(4, "magic")
-        if magic != GGUF_MAGIC:
-            raise GGUFFormatError(path, f"not a GGUF file (magic {magic!r})", 0)
-        vraw = r.read(4, "version")
-        version = struct.unpack("<I", vraw)[0]
-        if version not in (2, 3):
-            if struct.unpack(">I", vraw)[0] in (2, 3):
-                raise GGUFFormatError(path, "big-endian GGUF files are not supported", 4)
-            raise GGUFFormatError(path, f"unsupported GGUF version {version}", 4)
-        n_tensors = r.u64("tensor count")
-        n_kv = r.u64("key/value count")
-        if n_tensors > size or n_kv > size:
-            raise GGUFFormatError(path, f"corrupt: {n_tensors} tensors / {n_kv} key/values in a {size}-byte file", 8)
-        kv: dict[str, Any] = {}
-        kv_types: dict[str, int] = {}
-        for i in range(n_kv):
-            key = r.string(f"key #{i}")
-            t = r.u32(f"value type of '{key}'")
-            kv[key] = r.value(t, f"value of '{key}'")
-            kv_types[key] = t
-        tensors: list[TensorInfo] = []
-        seen = set()
-        for i in range(n_tensors):
-            start = r.pos
-            name = r.string(f"name of tensor #{i}")
-            nd_at = r.pos
-            nd = r.u32(f"dimension count of tensor '{name}'")
-            if nd == 0 or nd > _MAX_DIMS:
-                raise GGUFFormatError(path, f"corrupt: tensor '{name}' has {nd} dimensions", nd_at)
-            dims = tuple(r.u64(f"dimension {j} of tensor '{name}'") for j in range(nd))
-            tpos = r.pos
-            type_id = r.u32(f"type of tensor '{name}'")
-            off = r.u64(f"data offset of tensor '{name}'")
-            if name in seen:
-                raise GGUFFormatError(path, f"corrupt: duplicate tensor name '{name}'", start)
-            seen.add(name)
-            tensors.append(TensorInfo(name, dims, type_id, off, tpos, start))
-        alignment = kv.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)
-        if isinstance(alignment, np.ndarray) or not isinstance(alignment, (int, np.integer)) \
-                or alignment <= 0 or alignment & (alignment - 1):
-            raise GGUFFormatError(path, f"corrupt: {ALIGNMENT_KEY} = {alignment!r} is not a power of two")
-        alignment = int(alignment)
-        data_start = _align(r.pos, alignment)
-        if data_start > size:
-            raise GGUFFormatError(path, f"truncated: data section would start at {data_start}", r.pos)
-        for t in tensors:
-            if t.offset % alignment:
-                raise GGUFFormatError(
-                    path, f"corrupt: tensor '{t.name}' data offset {t.offset} is not a multiple of the alignment {alignment}",
-                    t.type_field_offset + 4)
+        if size == 0:
+            raise GGUFFormatError(path, "not a GGUF file (empty)", 0)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return _parse(_Reader(mm, path, size), path, size)
+
+
+def _parse(r: _Reader, path: Path, size: int) -> GGUFLayout:
+    magic = r.read(4, "magic")
+    if magic != GGUF_MAGIC:
+        raise GGUFFormatError(path, f"not a GGUF file (magic {magic!r})", 0)
+    vraw = r.read(4, "version")
+    version = struct.unpack("<I", vraw)[0]
+    if version not in (2, 3):
+        if struct.unpack(">I", vraw)[0] in (2, 3):
+            raise GGUFFormatError(path, "big-endian GGUF files are not supported", 4)
+        raise GGUFFormatError(path, f"unsupported GGUF version {version}", 4)
+    n_tensors = r.u64("tensor count")
+    n_kv = r.u64("key/value count")
+    if n_tensors > size or n_kv > size:
+        raise GGUFFormatError(path, f"corrupt: {n_tensors} tensors / {n_kv} key/values in a {size}-byte file", 8)
+    kv: dict[str, Any] = {}
+    kv_types: dict[str, int] = {}
+    for i in range(n_kv):
+        key = r.string(f"key #{i}")
+        t = r.u32(f"value type of '{key}'")
+        kv[key] = r.value(t, f"value of '{key}'")
+        kv_types[key] = t
+    tensors: list[TensorInfo] = []
+    seen = set()
+    for i in range(n_tensors):
+        start = r.pos
+        name = r.string(f"name of tensor #{i}")
+        nd_at = r.pos
+        nd = r.u32(f"dimension count of tensor '{name}'")
+        if nd == 0 or nd > _MAX_DIMS:
+            raise GGUFFormatError(path, f"corrupt: tensor '{name}' has {nd} dimensions", nd_at)
+        dims = tuple(r.u64(f"dimension {j} of tensor '{name}'") for j in range(nd))
+        tpos = r.pos
+        type_id = r.u32(f"type of tensor '{name}'")
+        off = r.u64(f"data offset of tensor '{name}'")
+        if name in seen:
+            raise GGUFFormatError(path, f"corrupt: duplicate tensor name '{name}'", start)
+        seen.add(name)
+        tensors.append(TensorInfo(name, dims, type_id, off, tpos, start))
+    alignment = kv.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)
+    if isinstance(alignment, np.ndarray) or not isinstance(alignment, (int, np.integer)) \
+            or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFFormatError(path, f"corrupt: {ALIGNMENT_KEY} = {alignment!r} is not a power of two")
+    alignment = int(alignment)
+    data_start = _align(r.pos, alignment)
+    if data_start > size:
+        raise GGUFFormatError(path, f"truncated: data section would start at {data_start}", r.pos)
+    for t in tensors:
+        if t.offset % alignment:
+            raise GGUFFormatError(
+                path, f"corrupt: tensor '{t.name}' data offset {t.offset} is not a multiple of the alignment {alignment}",
+                t.type_field_offset + 4)
     return GGUFLayout(path, version, kv, tensors, alignment, data_start, size, kv_types)
 
 

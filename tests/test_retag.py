@@ -284,3 +284,18 @@ for t in r.tensors:
 """
     got = stq_helpers.run_patched_gguf_py(stq_cpu_build, code)
     assert sorted(l.split()[1] for l in got.splitlines()) == sorted(s.name for s in tensors if s.type_id == 42)
+
+
+def test_layout_reader_matches_ggml_on_real_model(gemma_model, stq_lib):
+    """The own GGUF parser agrees with the build's C loader on a real model (no type 42 in it:
+    the retag tool has nothing to do and leaves it alone)."""
+    lay = read_layout(gemma_model)
+    info = stq_lib.gguf_info(gemma_model)
+    assert lay.data_start == info["data_offset"] and lay.alignment == info["alignment"]
+    assert [(t.name, t.type_id, t.offset) for t in lay.tensors] == [ti[:3] for ti in info["tensors"]]
+    avail = lay.extents()
+    for name, _, _, size in info["tensors"]:
+        assert size <= avail[name] < size + lay.alignment
+    assert lay.kv["general.architecture"] == "gemma3"
+    assert len(lay.kv["tokenizer.ggml.tokens"]) == 262144
+    assert retag.scan(gemma_model).candidates == []
