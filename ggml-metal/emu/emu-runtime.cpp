@@ -1,0 +1,654 @@
+// emu-runtime.cpp - runs translated Metal kernels on the CPU with GPU semantics
+//
+// - every GPU thread of a threadgroup is a fiber with its own stack (hand-written x86-64 context
+//   switch below, not swapcontext); SIMD-group operations and threadgroup barriers are the only
+//   places where a fiber yields, so a threadgroup behaves like lock-stepped SIMD groups at every
+//   synchronisation point
+// - threadgroups of a dispatch are spread over a pool of worker threads
+// - threadgroup memory is filled with a poison pattern before every threadgroup
+// - env GGML_METAL_EMU_THREADS (workers), GGML_METAL_EMU_ORDER=fwd|rev|shuffle (lane resume order)
+
+#include "emu-runtime.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#endif
+
+#ifdef EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#if !defined(__x86_64__)
+#error "metal-emu: the fiber context switch is implemented for x86-64 only"
+#endif
+
+// ---- context switch -----------------------------------------------------------------------------
+// void emu_ctx_switch(void ** save_sp, void * new_sp): saves callee-saved registers on the current
+// stack, stores rsp in *save_sp, loads new_sp and restores the registers saved there.
+extern "C" void emu_ctx_switch(void ** save_sp, void * new_sp);
+extern "C" void emu_ctx_trampoline(void);
+
+asm(R"(
+    .text
+    .globl emu_ctx_switch
+    .type emu_ctx_switch, @function
+emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_ctx_switch, .-emu_ctx_switch
+
+    .globl emu_ctx_trampoline
+    .type emu_ctx_trampoline, @function
+emu_ctx_trampoline:
+    movq %rbx, %rdi
+    callq *%r12
+    ud2
+    .size emu_ctx_trampoline, .-emu_ctx_trampoline
+)");
+
+// ---- registry -----------------------------------------------------------------------------------
+namespace {
+
+struct fc_slot { int idx; void * ptr; size_t size; };
+
+std::vector<emu_kernel_info> & kernels() { static std::vector<emu_kernel_info> v; return v; }
+std::map<std::string, int>   & kernel_index() { static std::map<std::string, int> m; return m; }
+std::vector<fc_slot>         & fc_slots() { static std::vector<fc_slot> v; return v; }
+
+}
+
+void emu_register_kernel(const char * name, emu_kernel_fn fn, const char * file) {
+    auto & idx = kernel_index();
+    if (idx.count(name)) {
+        // kernels defined in shared sources (fa_common.metal, ...) are seen by several files
+        return;
+    }
+    idx[name] = (int) kernels().size();
+    kernels().push_back({ name, fn, file });
+}
+
+void emu_register_fc(int idx, void * ptr, size_t size) {
+    fc_slots().push_back({ idx, ptr, size });
+}
+
+const emu_kernel_info * emu_find_kernel(const char * name) {
+    static std::once_flag once;
+    std::call_once(once, [] { emu_register_all_kernels(); });
+    auto it = kernel_index().find(name);
+    return it == kernel_index().end() ? nullptr : &kernels()[it->second];
+}
+
+int emu_n_kernels(void) {
+    return (int) kernels().size();
+}
+
+// ---- fibers -------------------------------------------------------------------------------------
+namespace {
+
+constexpr size_t STACK_SIZE = 256*1024;
+constexpr size_t GUARD_SIZE = 4096;
+constexpr int    MAX_THREADS = 1024;
+constexpr uint8_t POISON = 0xFF; // NaN for f32/f16/bf16, -1 for integers
+
+struct sg_state {
+    int      active;
+    int      arrived;
+    uint64_t gen;
+    uint32_t mask;
+    uint64_t coll_done;
+    alignas(64) uint8_t slots[2][32*EMU_SIMD_SLOT_BYTES];
+    alignas(64) float coll_result[64];
+};
+
+struct fiber {
+    void *   sp;
+    uint8_t * stack_lo;
+    int      tid;
+    int      lane;
+    int      sg;
+    uint32_t tpitg[3];
+    bool     done;
+    bool     waiting;
+    int      parity;
+    uint64_t coll_n;
+};
+
+struct worker;
+
+struct tg_key { const void * key; void * ptr; };
+
+struct worker {
+    void *   sched_sp = nullptr;
+    uint8_t * stacks = nullptr;
+    size_t   stacks_size = 0;
+    fiber    fibers[MAX_THREADS];
+    sg_state sgs[MAX_THREADS/32];
+    int      n_threads = 0;
+    int      n_sg = 0;
+    int      tg_active = 0;
+    int      tg_arrived = 0;
+    uint64_t tg_gen = 0;
+    uint64_t progress = 0;
+    fiber *  cur = nullptr;
+    uint32_t tgpig[3];
+
+    std::vector<uint8_t> tgmem;
+    size_t   tgmem_off[EMU_MAX_TGMEM];
+    size_t   arena_off = 0;
+    size_t   arena_end = 0;
+    std::vector<tg_key> keys;
+
+    const emu_dispatch * disp = nullptr;
+    bool     error = false;
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+#ifdef EMU_ASAN
+    void *   asan_fake = nullptr;
+    const void * asan_main_bottom = nullptr;
+    size_t   asan_main_size = 0;
+#endif
+};
+
+thread_local worker * W = nullptr;
+
+int g_order = -1; // 0 fwd, 1 rev, 2 shuffle
+
+int lane_order() {
+    if (g_order < 0) {
+        const char * s = getenv("GGML_METAL_EMU_ORDER");
+        g_order = 0;
+        if (s && strcmp(s, "rev") == 0) g_order = 1;
+        if (s && strcmp(s, "shuffle") == 0) g_order = 2;
+    }
+    return g_order;
+}
+
+void switch_to_fiber(worker * w, fiber * f) {
+    w->cur = f;
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(&w->asan_fake, f->stack_lo, STACK_SIZE);
+#endif
+    emu_ctx_switch(&w->sched_sp, f->sp);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(w->asan_fake, nullptr, nullptr);
+#endif
+    w->cur = nullptr;
+}
+
+void yield_to_sched(worker * w) {
+    fiber * f = w->cur;
+#ifdef EMU_ASAN
+    void * fake = nullptr;
+    __sanitizer_start_switch_fiber(f->done ? nullptr : &fake, w->asan_main_bottom, w->asan_main_size);
+#endif
+    emu_ctx_switch(&f->sp, w->sched_sp);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, &w->asan_main_bottom, &w->asan_main_size);
+#endif
+}
+
+void sg_release(sg_state & s, worker * w) {
+    s.arrived = 0;
+    s.gen++;
+    w->progress++;
+}
+
+void tg_release(worker * w) {
+    w->tg_arrived = 0;
+    w->tg_gen++;
+    w->progress++;
+}
+
+void fiber_exit(worker * w, fiber * f) {
+    f->done = true;
+    sg_state & s = w->sgs[f->sg];
+    s.active--;
+    s.mask &= ~(1u << f->lane);
+    if (s.arrived > 0 && s.arrived >= s.active) sg_release(s, w);
+    w->tg_active--;
+    if (w->tg_arrived > 0 && w->tg_arrived >= w->tg_active) tg_release(w);
+    w->progress++;
+}
+
+extern "C" void emu_fiber_main(fiber * f) {
+    worker * w = W;
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &w->asan_main_bottom, &w->asan_main_size);
+#endif
+    w->disp->kernel->fn();
+    fiber_exit(w, f);
+    yield_to_sched(w);
+    __builtin_trap();
+}
+
+void fiber_init(worker * w, fiber * f, int i) {
+    uint8_t * lo = w->stacks + (size_t) i*(STACK_SIZE + GUARD_SIZE) + GUARD_SIZE;
+    f->stack_lo = lo;
+    uint64_t * sp = (uint64_t *) (lo + STACK_SIZE);
+    // layout popped by emu_ctx_switch: [mxcsr|fpucw] r15 r14 r13 r12 rbx rbp ret
+    // after 'ret' into the trampoline rsp == top (16-byte aligned), so the callee sees rsp % 16 == 8
+    *--sp = (uint64_t) &emu_ctx_trampoline;  // ret
+    *--sp = 0;                               // rbp
+    *--sp = (uint64_t) f;                    // rbx -> rdi
+    *--sp = (uint64_t) &emu_fiber_main;      // r12 -> call target
+    *--sp = 0;                               // r13
+    *--sp = 0;                               // r14
+    *--sp = 0;                               // r15
+    uint32_t csr[2];
+    __asm__ volatile("stmxcsr %0" : "=m"(csr[0]));
+    __asm__ volatile("fnstcw %0" : "=m"(csr[1]));
+    *--sp = (uint64_t) csr[0] | ((uint64_t) (csr[1] & 0xffff) << 32);
+    f->sp = sp;
+}
+
+[[noreturn]] void emu_fatal(const char * msg) {
+    worker * w = W;
+    if (w && w->disp) {
+        fprintf(stderr, "metal-emu: %s (kernel %s, file %s, threadgroup (%u,%u,%u), thread %d)\n", msg,
+                w->disp->kernel->name, w->disp->kernel->file, w->tgpig[0], w->tgpig[1], w->tgpig[2], w->cur ? w->cur->tid : -1);
+    } else {
+        fprintf(stderr, "metal-emu: %s\n", msg);
+    }
+    fflush(stderr);
+    abort();
+}
+
+void ensure_stacks(worker * w, int n) {
+    const size_t need = (size_t) n*(STACK_SIZE + GUARD_SIZE);
+    if (w->stacks_size >= need) return;
+    if (w->stacks) munmap(w->stacks, w->stacks_size);
+    void * p = mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) emu_fatal("cannot allocate fiber stacks");
+    w->stacks = (uint8_t *) p;
+    w->stacks_size = need;
+    for (int i = 0; i < n; ++i) {
+        mprotect(w->stacks + (size_t) i*(STACK_SIZE + GUARD_SIZE), GUARD_SIZE, PROT_NONE);
+    }
+}
+
+uint64_t rnd(worker * w) {
+    w->rng ^= w->rng << 13; w->rng ^= w->rng >> 7; w->rng ^= w->rng << 17;
+    return w->rng;
+}
+
+void run_threadgroup(worker * w, const emu_dispatch * d, uint32_t x, uint32_t y, uint32_t z) {
+    const int nt = d->ntg[0]*d->ntg[1]*d->ntg[2];
+    w->tgpig[0] = x; w->tgpig[1] = y; w->tgpig[2] = z;
+    w->n_threads = nt;
+    w->n_sg = (nt + 31)/32;
+    w->tg_active = nt;
+    w->tg_arrived = 0;
+    for (int s = 0; s < w->n_sg; ++s) {
+        sg_state & sg = w->sgs[s];
+        sg.active = std::min(32, nt - 32*s);
+        sg.arrived = 0;
+        sg.mask = sg.active == 32 ? 0xffffffffu : ((1u << sg.active) - 1);
+        sg.coll_done = 0;
+        memset(sg.slots, POISON, sizeof(sg.slots));
+    }
+    // poison threadgroup memory (dispatch-declared and kernel-declared)
+    memset(w->tgmem.data(), POISON, w->tgmem.size());
+    w->arena_off = w->tgmem_off[EMU_MAX_TGMEM - 1];
+    w->keys.clear();
+
+    for (int i = 0; i < nt; ++i) {
+        fiber & f = w->fibers[i];
+        f.tid = i;
+        f.lane = i % 32;
+        f.sg = i / 32;
+        f.tpitg[0] = i % d->ntg[0];
+        f.tpitg[1] = (i / d->ntg[0]) % d->ntg[1];
+        f.tpitg[2] = i / (d->ntg[0]*d->ntg[1]);
+        f.done = false;
+        f.waiting = false;
+        f.parity = 0;
+        f.coll_n = 0;
+        fiber_init(w, &f, i);
+    }
+
+    std::vector<int> order(nt);
+    for (int i = 0; i < nt; ++i) order[i] = lane_order() == 1 ? nt - 1 - i : i;
+
+    int live = nt;
+    while (live > 0) {
+        if (lane_order() == 2) {
+            for (int i = nt - 1; i > 0; --i) std::swap(order[i], order[rnd(w) % (i + 1)]);
+        }
+        const uint64_t p0 = w->progress;
+        bool all_waiting = true;
+        for (int k = 0; k < nt; ++k) {
+            fiber & f = w->fibers[order[k]];
+            if (f.done) continue;
+            switch_to_fiber(w, &f);
+            if (f.done) {
+                live--;
+            } else if (!f.waiting) {
+                all_waiting = false;
+            }
+        }
+        if (live > 0 && all_waiting && w->progress == p0) {
+            emu_fatal("deadlock: every live thread waits at a barrier or SIMD-group operation that the others never reach");
+        }
+    }
+}
+
+// ---- thread pool -----------------------------------------------------------------------------
+struct pool {
+    std::vector<std::thread> threads;
+    std::vector<worker *>    workers;
+    std::mutex               mtx;
+    std::condition_variable  cv_start;
+    std::condition_variable  cv_done;
+    const emu_dispatch *     disp = nullptr;
+    uint64_t                 epoch = 0;
+    int                      n_busy = 0;
+    std::atomic<int64_t>     next{0};
+    int64_t                  n_total = 0;
+    std::atomic<bool>        error{false};
+    bool                     quit = false;
+
+    void prepare(worker * w, const emu_dispatch * d) {
+        w->disp = d;
+        size_t off = 0;
+        for (int i = 0; i < EMU_MAX_TGMEM - 1; ++i) {
+            w->tgmem_off[i] = off;
+            off += (d->tgmem[i] + 15) & ~(size_t) 15;
+        }
+        w->tgmem_off[EMU_MAX_TGMEM - 1] = off;
+        const size_t arena = 64*1024; // kernel-declared threadgroup arrays
+        w->arena_end = off + arena;
+        if (w->tgmem.size() != w->arena_end) w->tgmem.assign(w->arena_end, 0);
+        ensure_stacks(w, d->ntg[0]*d->ntg[1]*d->ntg[2]);
+    }
+
+    void work(worker * w) {
+        const emu_dispatch * d = disp;
+        prepare(w, d);
+        W = w;
+        const int64_t gx = d->ntgpg[0], gy = d->ntgpg[1];
+        for (;;) {
+            const int64_t i = next.fetch_add(1);
+            if (i >= n_total) break;
+            run_threadgroup(w, d, (uint32_t) (i % gx), (uint32_t) ((i / gx) % gy), (uint32_t) (i / (gx*gy)));
+        }
+        W = nullptr;
+        w->disp = nullptr;
+    }
+
+    void loop(worker * w) {
+        uint64_t seen = 0;
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lk(mtx);
+                cv_start.wait(lk, [&] { return quit || epoch != seen; });
+                if (quit) return;
+                seen = epoch;
+            }
+            work(w);
+            {
+                std::lock_guard<std::mutex> lk(mtx);
+                if (--n_busy == 0) cv_done.notify_all();
+            }
+        }
+    }
+
+    void init() {
+        int n = (int) std::thread::hardware_concurrency();
+        if (const char * s = getenv("GGML_METAL_EMU_THREADS")) n = atoi(s);
+        n = std::max(1, std::min(n, 64));
+        workers.push_back(new worker()); // the calling thread
+        for (int i = 1; i < n; ++i) {
+            worker * w = new worker();
+            workers.push_back(w);
+            threads.emplace_back([this, w] { loop(w); });
+        }
+    }
+
+    bool run(const emu_dispatch * d) {
+        static std::mutex run_mtx;
+        std::lock_guard<std::mutex> run_lk(run_mtx);
+        n_total = (int64_t) d->ntgpg[0]*d->ntgpg[1]*d->ntgpg[2];
+        if (n_total <= 0) return true;
+        next = 0;
+        disp = d;
+        const int n_helpers = (int) std::min<int64_t>((int64_t) threads.size(), n_total - 1);
+        if (n_helpers > 0) {
+            std::lock_guard<std::mutex> lk(mtx);
+            n_busy = (int) threads.size();
+            epoch++;
+            cv_start.notify_all();
+        }
+        work(workers[0]);
+        if (n_helpers > 0) {
+            std::unique_lock<std::mutex> lk(mtx);
+            cv_done.wait(lk, [&] { return n_busy == 0; });
+        }
+        disp = nullptr;
+        return true;
+    }
+};
+
+pool & get_pool() {
+    static pool * p = [] { pool * q = new pool(); q->init(); return q; }();
+    return *p;
+}
+
+} // namespace
+
+// ---- kernel-side API ----------------------------------------------------------------------------
+void emu_tg_barrier(void) {
+    worker * w = W;
+    fiber * f = w->cur;
+    w->tg_arrived++;
+    if (w->tg_arrived >= w->tg_active) {
+        tg_release(w);
+        return;
+    }
+    const uint64_t g = w->tg_gen;
+    f->waiting = true;
+    while (w->tg_gen == g) yield_to_sched(w);
+    f->waiting = false;
+}
+
+void emu_simd_sync(void) {
+    worker * w = W;
+    fiber * f = w->cur;
+    sg_state & s = w->sgs[f->sg];
+    s.arrived++;
+    if (s.arrived >= s.active) {
+        sg_release(s, w);
+        return;
+    }
+    const uint64_t g = s.gen;
+    f->waiting = true;
+    while (s.gen == g) yield_to_sched(w);
+    f->waiting = false;
+}
+
+void * emu_simd_exchange_raw(const void * v, size_t n) {
+    worker * w = W;
+    fiber * f = w->cur;
+    sg_state & s = w->sgs[f->sg];
+    f->parity ^= 1;
+    uint8_t * base = s.slots[f->parity];
+    memcpy(base + f->lane*EMU_SIMD_SLOT_BYTES, v, n);
+    emu_simd_sync();
+    return base;
+}
+
+uint32_t emu_simd_active_mask(void) {
+    worker * w = W;
+    return w->sgs[w->cur->sg].mask;
+}
+
+int emu_lane(void) {
+    return W->cur->lane;
+}
+
+bool emu_simd_leader(void) {
+    worker * w = W;
+    return w->cur->lane == __builtin_ctz(w->sgs[w->cur->sg].mask);
+}
+
+void * emu_simd_collective_begin(void) {
+    worker * w = W;
+    fiber * f = w->cur;
+    emu_simd_sync();
+    f->coll_n++;
+    sg_state & s = w->sgs[f->sg];
+    return s.coll_done == f->coll_n ? s.coll_result : nullptr;
+}
+
+void * emu_simd_collective_slot(void) {
+    worker * w = W;
+    return w->sgs[w->cur->sg].coll_result;
+}
+
+void emu_simd_collective_done(void) {
+    worker * w = W;
+    w->sgs[w->cur->sg].coll_done = w->cur->coll_n;
+}
+
+void * emu_tg_alloc(const void * key, size_t size, size_t align) {
+    worker * w = W;
+    for (const tg_key & k : w->keys) {
+        if (k.key == key) return k.ptr;
+    }
+    size_t off = (w->arena_off + align - 1) & ~(align - 1);
+    if (off + size > w->arena_end) emu_fatal("threadgroup arrays declared in the kernel exceed the 64 KiB emulator arena");
+    void * p = w->tgmem.data() + off;
+    w->arena_off = off + size;
+    w->keys.push_back({ key, p });
+    return p;
+}
+
+static int g_misalign_fatal = -1;
+
+void emu_report_misaligned(const void * p, size_t align, const char * where) {
+    if (g_misalign_fatal < 0) {
+        const char * s = getenv("GGML_METAL_EMU_MISALIGNED");
+        g_misalign_fatal = !(s && strcmp(s, "warn") == 0);
+    }
+    char msg[512];
+    snprintf(msg, sizeof(msg), "misaligned typed pointer %p (needs %zu-byte alignment) in %s", p, align, where);
+    if (g_misalign_fatal) emu_fatal(msg);
+    fprintf(stderr, "metal-emu: warning: %s\n", msg);
+}
+
+void * emu_arg_ptr(emu_arg_kind kind, int idx) {
+    worker * w = W;
+    if (kind == EMU_ARG_TGMEM) {
+        if (w->disp->tgmem[idx] == 0) emu_fatal("kernel uses threadgroup memory that the host did not set");
+        return w->tgmem.data() + w->tgmem_off[idx];
+    }
+    void * p = w->disp->bufs[idx];
+    return p;
+}
+
+void emu_arg_u3(emu_arg_kind kind, uint32_t out[3]) {
+    worker * w = W;
+    const fiber * f = w->cur;
+    const emu_dispatch * d = w->disp;
+    out[0] = out[1] = out[2] = 0;
+    switch (kind) {
+        case EMU_ARG_TGPIG: out[0] = w->tgpig[0]; out[1] = w->tgpig[1]; out[2] = w->tgpig[2]; break;
+        case EMU_ARG_TPITG: out[0] = f->tpitg[0]; out[1] = f->tpitg[1]; out[2] = f->tpitg[2]; break;
+        case EMU_ARG_TIITG: out[0] = f->tid; break;
+        case EMU_ARG_TIISG: out[0] = f->lane; break;
+        case EMU_ARG_SGITG: out[0] = f->sg; break;
+        case EMU_ARG_NSG:   out[0] = w->n_sg; break;
+        case EMU_ARG_NTG:   out[0] = d->ntg[0]; out[1] = d->ntg[1]; out[2] = d->ntg[2]; break;
+        case EMU_ARG_NTGPG: out[0] = d->ntgpg[0]; out[1] = d->ntgpg[1]; out[2] = d->ntgpg[2]; break;
+        case EMU_ARG_TPIG:
+            for (int i = 0; i < 3; ++i) out[i] = w->tgpig[i]*d->ntg[i] + f->tpitg[i];
+            break;
+        case EMU_ARG_NTPSG: out[0] = 32; break;
+        default: emu_fatal("bad builtin argument kind");
+    }
+}
+
+// d = a*b + c for 8x8 matrices in row-major order; element types 0 = f32, 1 = f16, 2 = bf16
+static void load8x8(float * dst, const void * src, int t) {
+    for (int i = 0; i < 64; ++i) {
+        if (t == 0)      dst[i] = ((const float *) src)[i];
+        else if (t == 1) dst[i] = (float) ((const _Float16 *) src)[i];
+        else             dst[i] = (float) ((const __bf16 *) src)[i];
+    }
+}
+
+void emu_mma_f32(float * d, const void * a, int ta, const void * b, int tb, const void * c, int tc) {
+    float fa[64], fb[64], fc[64];
+    load8x8(fa, a, ta);
+    load8x8(fb, b, tb);
+    load8x8(fc, c, tc);
+    for (int r = 0; r < 8; ++r) {
+        float acc[8];
+        for (int j = 0; j < 8; ++j) acc[j] = fc[r*8 + j];
+        for (int k = 0; k < 8; ++k) {
+            const float x = fa[r*8 + k];
+            for (int j = 0; j < 8; ++j) acc[j] = __builtin_fmaf(x, fb[k*8 + j], acc[j]);
+        }
+        for (int j = 0; j < 8; ++j) d[r*8 + j] = acc[j];
+    }
+}
+
+// ---- dispatch --------------------------------------------------------------------------------
+bool emu_run_dispatch(const emu_dispatch * d) {
+    const int nt = d->ntg[0]*d->ntg[1]*d->ntg[2];
+    if (nt <= 0 || nt > MAX_THREADS) {
+        fprintf(stderr, "metal-emu: kernel %s: bad threadgroup size %d x %d x %d\n", d->kernel->name, d->ntg[0], d->ntg[1], d->ntg[2]);
+        return false;
+    }
+    // function constants: write the pipeline's values into every global that declares them
+    for (const fc_slot & s : fc_slots()) {
+        bool found = false;
+        for (int i = 0; i < d->n_fcs; ++i) {
+            if (d->fcs[i].idx == s.idx) {
+                memcpy(s.ptr, d->fcs[i].bytes, std::min<size_t>(s.size, (size_t) d->fcs[i].size));
+                found = true;
+                break;
+            }
+        }
+        if (!found) memset(s.ptr, 0, s.size);
+    }
+    return get_pool().run(d);
+}

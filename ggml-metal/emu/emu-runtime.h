@@ -1,0 +1,87 @@
+// emu-runtime.h - fiber scheduler behind the metal-emu kernels (C++ interface)
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define EMU_SIMD_SLOT_BYTES 32
+#define EMU_MAX_BUFFERS     32
+#define EMU_MAX_TGMEM       8
+#define EMU_MAX_FC          512
+
+// --- used by translated kernels ---------------------------------------------------------------
+void   emu_tg_barrier(void);
+void   emu_simd_sync(void);
+void * emu_simd_exchange_raw(const void * v, size_t n);
+uint32_t emu_simd_active_mask(void);
+int    emu_lane(void);
+bool   emu_simd_leader(void);
+void * emu_simd_collective_begin(void);
+void * emu_simd_collective_slot(void);
+void   emu_simd_collective_done(void);
+void * emu_tg_alloc(const void * key, size_t size, size_t align);
+void   emu_report_misaligned(const void * p, size_t align, const char * where);
+
+// kernel argument kinds (parameter order of the kernel function)
+enum emu_arg_kind : uint8_t {
+    EMU_ARG_BUFFER = 0,   // [[buffer(n)]] or implicit: idx = buffer index
+    EMU_ARG_TGMEM,        // [[threadgroup(n)]]
+    EMU_ARG_TGPIG,        // threadgroup_position_in_grid
+    EMU_ARG_TPITG,        // thread_position_in_threadgroup
+    EMU_ARG_TIITG,        // thread_index_in_threadgroup
+    EMU_ARG_TIISG,        // thread_index_in_simdgroup
+    EMU_ARG_SGITG,        // simdgroup_index_in_threadgroup
+    EMU_ARG_NSG,          // simdgroups_per_threadgroup
+    EMU_ARG_NTG,          // threads_per_threadgroup
+    EMU_ARG_NTGPG,        // threadgroups_per_grid
+    EMU_ARG_TPIG,         // thread_position_in_grid
+    EMU_ARG_NTPSG,        // threads_per_simdgroup
+};
+
+struct emu_arg_desc {
+    emu_arg_kind kind;
+    uint8_t      idx;
+};
+
+// the values a kernel argument can take for the current fiber
+void * emu_arg_ptr(emu_arg_kind kind, int idx);                // buffers and threadgroup memory
+void   emu_arg_u3 (emu_arg_kind kind, uint32_t out[3]);        // thread position builtins
+
+typedef void (*emu_kernel_fn)(void);
+
+// registration (called from the generated per-file registration functions)
+void emu_register_kernel(const char * name, emu_kernel_fn fn, const char * file);
+void emu_register_fc(int idx, void * ptr, size_t size);
+
+// --- used by the device layer ------------------------------------------------------------------
+struct emu_kernel_info {
+    const char *  name;
+    emu_kernel_fn fn;
+    const char *  file;
+};
+
+const emu_kernel_info * emu_find_kernel(const char * name);
+int  emu_n_kernels(void);
+
+struct emu_fc_value {
+    int     idx;
+    int     size;
+    uint8_t bytes[8];
+};
+
+struct emu_dispatch {
+    const emu_kernel_info * kernel;
+    void *   bufs[EMU_MAX_BUFFERS];
+    size_t   buf_size[EMU_MAX_BUFFERS]; // 0 = unknown
+    size_t   tgmem[EMU_MAX_TGMEM];
+    int      ntgpg[3];                 // threadgroups per grid
+    int      ntg[3];                   // threads per threadgroup
+    const emu_fc_value * fcs;
+    int      n_fcs;
+};
+
+// runs all threadgroups of a dispatch (blocking); returns false on an emulation error
+bool emu_run_dispatch(const emu_dispatch * d);
+
+// all kernels of all translated files (generated: emu-kernels-index.cpp)
+void emu_register_all_kernels(void);
