@@ -90,7 +90,9 @@ def run_patched_gguf_py(build: Path, code: str, timeout: int = 300) -> str:
 
 def random_blocks(rng, nb: int, d_scale: float = 1.0, finite: bool = True) -> np.ndarray:
     """``nb`` random STQ1_0 blocks (uint8 (nb, 42)): random codes and sign bits, normal scales."""
-    b = rng.integers(0, 256, (nb, stq1_0.BLOCK_BYTES), dtype=np.uint8)
+    nbytes = nb * stq1_0.BLOCK_BYTES
+    words = rng.integers(0, np.iinfo(np.uint64).max, (nbytes + 7) // 8, dtype=np.uint64, endpoint=True)
+    b = words.view(np.uint8)[:nbytes].reshape(nb, stq1_0.BLOCK_BYTES)
     with np.errstate(over="ignore"):
         d = (rng.standard_normal(nb) * d_scale).astype(np.float16)
     if finite:
