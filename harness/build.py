@@ -116,14 +116,16 @@ def build(tree: Path, backend: str = "cpu", targets: tuple[str, ...] | list[str]
             return bdir
     bdir.mkdir(parents=True, exist_ok=True)
     jobs = jobs or os.cpu_count() or 2
+    # relative paths inside the cache let ccache hit across cache roots (CI's, a developer's)
+    env = {"CCACHE_BASEDIR": os.environ.get("CCACHE_BASEDIR", str(config.cache_dir()))}
     t0 = time.time()
     if not (bdir / "CMakeCache.txt").exists():
         say(f"configuring {backend} build in {bdir}")
         run_logged(cmake_args(tree, bdir, backend, extra, cuda_arch), bdir / "configure.log",
-                   step=f"cmake configure ({backend})", echo=False)
+                   step=f"cmake configure ({backend})", echo=False, env=env)
     say(f"building {', '.join(want)} with {jobs} jobs (log: {bdir / 'build.log'})")
     run_logged(["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *want], bdir / "build.log",
-               step=f"cmake build ({backend})")
+               step=f"cmake build ({backend})", env=env)
     have = set(want)
     if stamp.exists():
         have |= set(json.loads(stamp.read_text()).get("targets", []))

@@ -59,6 +59,12 @@ def commit_patch_id(tree: Path, sha: str) -> str:
     return _patch_id(tree, _git(tree, "show", "--format=", "--no-color", sha).stdout)
 
 
+def harness_made(tree: Path, sha: str) -> bool:
+    """Was this commit made by `apply` (and not amended or rebased by a person since)?"""
+    email = _git(tree, "log", "-1", "--format=%ce", sha).stdout.strip()
+    return email == config.HARNESS_COMMITTER[1]
+
+
 def dirty_files(tree: Path) -> list[str]:
     out = _git(tree, "status", "--porcelain", "--untracked-files=all").stdout
     return [line for line in out.splitlines() if line.strip()]
@@ -161,6 +167,17 @@ def apply(tree: Path, patches_dir: Path = config.PATCHES_DIR, pin: str = config.
     """Apply the missing patches as commits. Returns how many were applied (0 = already applied)."""
     st = state(tree, patches_dir, pin)
     _refuse_dirty(tree, st, "apply")
+    if not st.clean_prefix or len(st.commits) > len(st.patches):
+        keep = st.n_applied_prefix
+        stale = st.commits[keep:]
+        if all(harness_made(tree, sha) for sha, _ in stale):
+            # patches/ changed since the harness applied it (an update of this repository): the stale
+            # commits are the harness's own, reproducible from an older patches/, so replace them
+            base = st.commits[keep - 1][0] if keep else pin
+            say(f"patches/ changed since the last apply: replacing {len(stale)} commit(s) made by the "
+                f"harness, re-applying from patch {keep + 1}")
+            _git(tree, "reset", "-q", "--hard", base)
+            st = state(tree, patches_dir, pin)
     if not st.clean_prefix or len(st.commits) > len(st.patches):
         raise HarnessError(
             f"refusing to apply: the commits over the pin in {tree} differ from patches/:\n{format_status(st)}\n"

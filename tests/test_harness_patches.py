@@ -194,3 +194,22 @@ def test_user_tree_at_wrong_commit_refused(repo, tmp_path):
     source.check_user_tree(tree, pin)  # and so is the pin plus commits on top
     with pytest.raises(HarnessError, match="not a git checkout"):
         source.check_user_tree(tmp_path / "nowhere", pin)
+
+
+def test_changed_series_replaces_only_harness_commits(repo):
+    tree, pdir, pin = repo
+    patches.apply(tree, pdir, pin)
+    # the repository is updated: patch 0002 changes and a 0003 appears
+    p2 = pdir / "0002-second-change-b-and-add-new.patch"
+    p2.write_text(p2.read_text().replace("+new file", "+new file v2"))
+    patches.apply(tree, pdir, pin)
+    assert (tree / "new.txt").read_text() == "new file v2\n"
+    assert patches.state(tree, pdir, pin).patch_status == ["applied", "applied"]
+    # a person's amend of a harness commit is their work: never replaced
+    (tree / "new.txt").write_text("amended by hand\n")
+    git(tree, "add", "-A")
+    git(tree, "-c", "user.name=P", "-c", "user.email=p@p", "commit", "-q", "--amend", "--no-edit")
+    p2.write_text(p2.read_text().replace("+new file v2", "+new file v3"))
+    with pytest.raises(HarnessError, match="differ from patches"):
+        patches.apply(tree, pdir, pin)
+    assert (tree / "new.txt").read_text() == "amended by hand\n"
