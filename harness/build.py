@@ -53,7 +53,12 @@ def backend_flags(backend: str, cuda_arch: str | None = None) -> list[str]:
         emu = config.METAL_SRC_DIR / "emu"
         if not emu.is_dir():
             raise HarnessError(f"backend metal-emu needs the emulator sources in {emu}, which do not exist")
-        return ["-DGGML_METAL=ON", "-DGGML_METAL_EMU=ON", f"-DGGML_METAL_EMU_DIR={emu}"]
+        cc, cxx = which(["clang-19"]), which(["clang++-19"])
+        if not (cc and cxx):
+            raise HarnessError("backend metal-emu needs clang-19/clang++-19 (`./RUNBOOK.sh setup` installs "
+                               "them on Debian/Ubuntu)")
+        return [f"-DCMAKE_C_COMPILER={cc}", f"-DCMAKE_CXX_COMPILER={cxx}",
+                "-DGGML_METAL=ON", "-DGGML_METAL_EMU=ON", f"-DGGML_METAL_EMU_DIR={emu}"]
     raise HarnessError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
