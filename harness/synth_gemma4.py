@@ -1,0 +1,313 @@
+"""Synthesize a small Gemma 4 pair for speculative-decoding tests: a `gemma4` target and a
+`gemma4-assistant` MTP head (llama.cpp's `--spec-type draft-mtp -md ASSISTANT.gguf`).
+
+Random weights from a fixed seed, the tokenizer metadata of the real Gemma 3 270M GGUF (so
+prompts are real text), and the architecture features the pinned loader implements
+(src/models/gemma4.cpp, gemma4-assistant.cpp): sliding-window and global layers with different
+head sizes, shared-KV layers (the last layers reuse the KV of earlier ones), per-layer token
+embeddings, proportional rope on global layers (rope_freqs), final logit softcapping, and an
+assistant that cross-attends into the target's KV cache of its last SWA and last global layer.
+
+The weights are random but structured so that drafting is sometimes right and sometimes wrong:
+the target's LM head maps token t to perm[t] (a fixed random permutation) and its layers add
+context-dependent noise (--noise), so its greedy text mostly walks the permutation and sometimes
+departs from it; the assistant predicts perm[t] from the token embedding alone. A speculative run
+therefore accepts many drafts and rejects some, which exercises the KV rollback.
+
+Tensor types: Q4_0 for the layer matrices (the CPU repacks them: the 8x8 GEMM/GEMV kernels),
+Q8_0 for the token embeddings and LM heads, F16 for the per-layer embeddings, F32 for norms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+try:
+    from . import config
+except ImportError:  # run as a script: python harness/synth_gemma4.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from harness import config
+
+TARGET_NAME = "gemma4-synth-target.gguf"
+ASSISTANT_NAME = "gemma4-synth-assistant.gguf"
+GENERATOR_VERSION = 1  # bump when the weights or metadata change
+
+
+@dataclass(frozen=True)
+class SynthParams:
+    seed: int = 1234
+    n_embd: int = 128             # target hidden size
+    n_embd_assistant: int = 64    # assistant hidden size (must differ from n_embd: the loader checks)
+    n_layer: int = 6
+    swa_pattern: str = "SSGSSG"   # S = sliding window layer, G = global layer
+    n_kv_shared: int = 3          # the last n_kv_shared layers reuse the KV of earlier layers
+    assistant_pattern: str = "SG"
+    n_head: int = 2
+    n_head_kv: int = 1
+    head_dim_swa: int = 64
+    head_dim_global: int = 128
+    n_ff: int = 256
+    n_embd_per_layer: int = 8
+    window: int = 128             # sliding window (small, so that short generations cross it)
+    softcap: float = 30.0
+    noise: float = 0.6            # scale of the layers' contributions to the residual stream
+    n_ctx_train: int = 8192
+
+    def key(self) -> str:
+        blob = json.dumps({"v": GENERATOR_VERSION, **asdict(self)}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _gguf():
+    import gguf  # PyPI gguf (>= 0.19 knows the Gemma 4 keys) or the pinned tree's gguf-py on sys.path
+    for attr in ("add_shared_kv_layers", "add_embedding_length_out", "add_key_length_swa"):
+        if not hasattr(gguf.GGUFWriter, attr):
+            raise RuntimeError(f"synth_gemma4: the gguf package at {gguf.__file__} lacks GGUFWriter.{attr}; "
+                               "install gguf>=0.19 or put the pinned llama.cpp's gguf-py first on PYTHONPATH")
+    return gguf
+
+
+def _copy_tokenizer(gguf, reader, writer) -> int:
+    n_vocab = 0
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            sub = field.types[1]
+            val = field.contents()
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(val)
+            writer.add_key_value(name, val, vtype, sub_type=sub)
+        else:
+            writer.add_key_value(name, field.contents(), vtype)
+    if n_vocab == 0:
+        raise RuntimeError("synth_gemma4: the tokenizer GGUF has no tokenizer.ggml.tokens")
+    return n_vocab
+
+
+def _common_attn_kv(gguf, w, p: SynthParams, pattern: str) -> None:
+    n = len(pattern)
+    w.add_head_count(p.n_head)
+    w.add_head_count_kv([p.n_head_kv] * n)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(p.head_dim_global)
+    w.add_value_length(p.head_dim_global)
+    w.add_key_length_swa(p.head_dim_swa)
+    w.add_value_length_swa(p.head_dim_swa)
+    w.add_rope_dimension_count(p.head_dim_global)
+    w.add_rope_dimension_count_swa(p.head_dim_swa)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_rope_freq_base_swa(10_000.0)
+    w.add_sliding_window(p.window)
+    w.add_sliding_window_pattern([c == "S" for c in pattern])
+
+
+class _Tensors:
+    """Adds tensors in ggml order ({ne0, ne1} = numpy shape (ne1, ne0)) with the chosen type."""
+
+    def __init__(self, gguf, writer):
+        self.gguf, self.w = gguf, writer
+
+    def add(self, name: str, data: np.ndarray, qtype: str = "F32") -> None:
+        g = self.gguf
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        if qtype == "F32":
+            self.w.add_tensor(name, data)
+        elif qtype == "F16":
+            self.w.add_tensor(name, data.astype(np.float16))
+        else:
+            t = getattr(g.GGMLQuantizationType, qtype)
+            q = g.quants.quantize(data, t)
+            self.w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=t)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _write_atomic(writer_factory, path: Path, fill) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        w = writer_factory(tmp)
+        fill(w)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()) -> tuple[Path, Path]:
+    """Write the target and assistant GGUFs into out_dir (atomically) and return their paths."""
+    gguf = _gguf()
+    if len(p.swa_pattern) != p.n_layer:
+        raise ValueError(f"synth_gemma4: swa_pattern {p.swa_pattern!r} must have n_layer={p.n_layer} letters")
+    kv_from = p.n_layer - p.n_kv_shared
+    # the loader maps a shared SWA layer to layer kv_from-2 and a shared global layer to kv_from-1;
+    # the assistant reads the target's layers n_layer-2 (SWA) and n_layer-1 (global)
+    if p.swa_pattern[kv_from - 2] != "S" or p.swa_pattern[kv_from - 1] != "G":
+        raise ValueError("synth_gemma4: layers n_layer-n_kv_shared-2/-1 must be SWA/global")
+    if p.swa_pattern[-2:] != "SG":
+        raise ValueError("synth_gemma4: the last two target layers must be SWA, global")
+    if p.n_embd_assistant == p.n_embd:
+        raise ValueError("synth_gemma4: the assistant's hidden size must differ from the target's")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(str(tokenizer_gguf))
+    rng = np.random.default_rng(p.seed)
+
+    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    E = rng.standard_normal((n_vocab, p.n_embd), dtype=np.float32)  # token embeddings, rms 1
+    perm = rng.permutation(n_vocab)
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(n_vocab)
+    # LM head: row v = unit(E[inv[v]]) * 3, so that argmax <row, h ~ E[t]> = perm[t] (logits within the softcap)
+    O = _unit_rows(E[inv]) * 3.0
+
+    def hd(c: str) -> int:
+        return p.head_dim_swa if c == "S" else p.head_dim_global
+
+    def mat(n_out: int, n_in: int, scale: float = 1.0) -> np.ndarray:
+        return rng.standard_normal((n_out, n_in), dtype=np.float32) * (scale / np.sqrt(n_in))
+
+    def norm_w(n: int, scale: float) -> np.ndarray:
+        return (scale * (0.5 + rng.random(n, dtype=np.float32))).astype(np.float32)
+
+    # rope_freqs for proportional rope on global layers: a quarter of the pairs rotate, the rest do not
+    n_pairs = p.head_dim_global // 2
+    n_rot = n_pairs // 4
+    rope_freqs = np.array([1.0] * n_rot + [1e30] * (n_pairs - n_rot), dtype=np.float32)
+
+    target = out_dir / TARGET_NAME
+    assistant = out_dir / ASSISTANT_NAME
+    arch_t, arch_a = "gemma4", "gemma4-assistant"
+
+    def fill_target(w) -> None:
+        w.add_name("gemma4 synthetic target (random weights, stq-metal)")
+        w.add_context_length(p.n_ctx_train)
+        w.add_embedding_length(p.n_embd)
+        w.add_block_count(p.n_layer)
+        w.add_feed_forward_length(p.n_ff)
+        _common_attn_kv(gguf, w, p, p.swa_pattern)
+        w.add_shared_kv_layers(p.n_kv_shared)
+        w.add_embedding_length_per_layer_input(p.n_embd_per_layer)
+        w.add_final_logit_softcapping(p.softcap)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+        _copy_tokenizer(gguf, reader, w)
+
+        t = _Tensors(gguf, w)
+        t.add("token_embd.weight", E, "Q8_0")
+        t.add("output.weight", O, "Q8_0")
+        t.add("output_norm.weight", np.ones(p.n_embd, np.float32))
+        t.add("rope_freqs.weight", rope_freqs)
+        n_pl = p.n_embd_per_layer * p.n_layer
+        t.add("per_layer_token_embd.weight", rng.standard_normal((n_vocab, n_pl), dtype=np.float32), "F16")
+        t.add("per_layer_model_proj.weight", mat(n_pl, p.n_embd))
+        t.add("per_layer_proj_norm.weight", norm_w(p.n_embd_per_layer, 1.0))
+        for il, c in enumerate(p.swa_pattern):
+            d = hd(c)
+            pre = f"blk.{il}."
+            t.add(pre + "attn_norm.weight", norm_w(p.n_embd, 1.0))
+            t.add(pre + "attn_q.weight", mat(p.n_head * d, p.n_embd), "Q4_0")
+            t.add(pre + "attn_q_norm.weight", norm_w(d, 1.0))
+            if il < kv_from:
+                t.add(pre + "attn_k.weight", mat(p.n_head_kv * d, p.n_embd), "Q4_0")
+                t.add(pre + "attn_v.weight", mat(p.n_head_kv * d, p.n_embd), "Q4_0")
+                t.add(pre + "attn_k_norm.weight", norm_w(d, 1.0))
+            t.add(pre + "attn_output.weight", mat(p.n_embd, p.n_head * d), "Q4_0")
+            t.add(pre + "post_attention_norm.weight", norm_w(p.n_embd, p.noise))
+            t.add(pre + "ffn_norm.weight", norm_w(p.n_embd, 1.0))
+            t.add(pre + "ffn_gate.weight", mat(p.n_ff, p.n_embd), "Q4_0")
+            t.add(pre + "ffn_up.weight", mat(p.n_ff, p.n_embd), "Q4_0")
+            t.add(pre + "ffn_down.weight", mat(p.n_embd, p.n_ff), "Q4_0")
+            t.add(pre + "post_ffw_norm.weight", norm_w(p.n_embd, p.noise))
+            t.add(pre + "inp_gate.weight", mat(p.n_embd_per_layer, p.n_embd), "Q4_0")
+            t.add(pre + "proj.weight", mat(p.n_embd, p.n_embd_per_layer))
+            t.add(pre + "post_norm.weight", norm_w(p.n_embd, p.noise))
+            t.add(pre + "layer_output_scale.weight", np.ones(1, np.float32))
+
+    def fill_assistant(w) -> None:
+        na = p.n_embd_assistant
+        w.add_name("gemma4 synthetic MTP assistant (random weights, stq-metal)")
+        w.add_context_length(p.n_ctx_train)
+        w.add_embedding_length(na)
+        w.add_embedding_length_out(p.n_embd)
+        w.add_block_count(len(p.assistant_pattern))
+        w.add_nextn_predict_layers(len(p.assistant_pattern))
+        w.add_feed_forward_length(p.n_ff)
+        _common_attn_kv(gguf, w, p, p.assistant_pattern)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+        _copy_tokenizer(gguf, reader, w)
+
+        t = _Tensors(gguf, w)
+        # the assistant sees x = E[t] * sqrt(n_embd) concatenated with the target's hidden state h;
+        # pre_projection maps x through P (and h weakly), its LM head rows are unit(P E[inv[v]])
+        P = mat(na, p.n_embd)
+        pre_proj = np.concatenate([P, mat(na, p.n_embd, 0.05)], axis=1)
+        A = _unit_rows(E[inv] @ P.T) * 3.0
+        t.add("token_embd.weight", A, "Q8_0")
+        t.add("output_norm.weight", np.ones(na, np.float32))
+        t.add("rope_freqs.weight", rope_freqs)
+        t.add("nextn.pre_projection.weight", pre_proj)
+        t.add("nextn.post_projection.weight", mat(p.n_embd, na))
+        for il, c in enumerate(p.assistant_pattern):
+            d = hd(c)
+            pre = f"blk.{il}."
+            t.add(pre + "attn_norm.weight", norm_w(na, 1.0))
+            t.add(pre + "attn_q.weight", mat(p.n_head * d, na), "Q4_0")
+            t.add(pre + "attn_q_norm.weight", norm_w(d, 1.0))
+            t.add(pre + "attn_output.weight", mat(na, p.n_head * d), "Q4_0")
+            t.add(pre + "post_attention_norm.weight", norm_w(na, 0.1))
+            t.add(pre + "ffn_norm.weight", norm_w(na, 1.0))
+            t.add(pre + "ffn_gate.weight", mat(p.n_ff, na), "Q4_0")
+            t.add(pre + "ffn_up.weight", mat(p.n_ff, na), "Q4_0")
+            t.add(pre + "ffn_down.weight", mat(na, p.n_ff), "Q4_0")
+            t.add(pre + "post_ffw_norm.weight", norm_w(na, 0.1))
+            t.add(pre + "layer_output_scale.weight", np.ones(1, np.float32))
+
+    _write_atomic(lambda path: gguf.GGUFWriter(str(path), arch_t), target, fill_target)
+    _write_atomic(lambda path: gguf.GGUFWriter(str(path), arch_a), assistant, fill_assistant)
+    return target, assistant
+
+
+def ensure_pair(tokenizer_gguf: Path, out_root: Path | None = None, p: SynthParams = SynthParams()) -> tuple[Path, Path]:
+    """The pair for these parameters, generated once into <cache>/models/gemma4-synth-<key>/."""
+    out_dir = (out_root or config.models_dir()) / f"gemma4-synth-{p.key()}"
+    target, assistant = out_dir / TARGET_NAME, out_dir / ASSISTANT_NAME
+    if not (target.exists() and assistant.exists()):
+        generate(out_dir, tokenizer_gguf, p)
+    return target, assistant
+
+
+def main(argv: list[str] | None = None) -> int:
+    d = SynthParams()
+    ap = argparse.ArgumentParser(prog="synth_gemma4", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokenizer-from", type=Path, required=True,
+                    help="GGUF whose tokenizer.* metadata is copied (the Gemma 3 270M GGUF)")
+    ap.add_argument("--out-dir", type=Path, required=True, help="folder for the two GGUF files")
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--window", type=int, default=d.window, help="sliding window of the SWA layers")
+    ap.add_argument("--noise", type=float, default=d.noise,
+                    help="scale of the layers' residual contributions (higher: the target departs more "
+                         "often from the permutation the assistant predicts)")
+    args = ap.parse_args(argv)
+    p = SynthParams(seed=args.seed, window=args.window, noise=args.noise)
+    target, assistant = generate(args.out_dir, args.tokenizer_from, p)
+    print(f"target:    {target}\nassistant: {assistant}\n"
+          f"run: llama-server -m {target} --spec-type draft-mtp -md {assistant}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
