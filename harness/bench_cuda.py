@@ -219,6 +219,40 @@ class Bench:
         if not np.isfinite(a).all():
             raise HarnessError("non-finite results")
 
+    def copy_bandwidth_cudart(self, mb: int, reps: int, rounds: int) -> float | None:
+        """GB/s of cudaMemcpy device to device (bytes read + written) through the CUDA runtime the build
+        links, or None where it cannot be loaded."""
+        import ctypes.util
+        import glob
+        cands = sorted(glob.glob("/usr/local/cuda/lib64/libcudart.so*")) + [ctypes.util.find_library("cudart") or ""]
+        rt = None
+        for c in cands:
+            if c:
+                try:
+                    rt = C.CDLL(c)
+                    break
+                except OSError:
+                    continue
+        if rt is None:
+            return None
+        n = mb * 2**20
+        a, b = C.c_void_p(), C.c_void_p()
+        if rt.cudaMalloc(C.byref(a), C.c_size_t(n)) or rt.cudaMalloc(C.byref(b), C.c_size_t(n)):
+            return None
+        rt.cudaMemset(a, 1, C.c_size_t(n))
+        ts = []
+        for r in range(rounds + 1):
+            rt.cudaDeviceSynchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                rt.cudaMemcpy(b, a, C.c_size_t(n), 3)  # cudaMemcpyDeviceToDevice
+            rt.cudaDeviceSynchronize()
+            if r:  # the first round is a warm-up
+                ts.append((time.perf_counter() - t0) / reps)
+        rt.cudaFree(a)
+        rt.cudaFree(b)
+        return 2 * n / statistics.median(ts) / 1e9
+
     def copy_bandwidth(self, mb: int, n_graphs: int, rounds: int) -> float:
         """GB/s of a device-to-device copy (ggml_cpy f32 -> f32 of mb MB), bytes read + written."""
         g = self.g
@@ -262,8 +296,13 @@ def main(argv=None) -> int:
 
     b = Bench(a.build, a.device)
     print(f"device {a.device}: {b.desc()}", flush=True)
-    copy_gbs = b.copy_bandwidth(a.copy_mb, a.graphs, a.rounds)
-    print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write, {a.copy_mb} MB)", flush=True)
+    copy_gbs = b.copy_bandwidth_cudart(a.copy_mb, a.graphs, a.rounds)
+    if copy_gbs is not None:
+        print(f"cudaMemcpy device to device: {copy_gbs:.0f} GB/s (read + write, {a.copy_mb} MB)", flush=True)
+    else:
+        copy_gbs = b.copy_bandwidth(a.copy_mb, a.graphs, a.rounds)
+        print(f"ggml_cpy device to device (no libcudart found): {copy_gbs:.0f} GB/s (read + write, {a.copy_mb} MB)",
+              flush=True)
 
     results: list[Result] = []
     for case in cases:
@@ -285,11 +324,11 @@ def main(argv=None) -> int:
             b.free(graphs[t])
         results += res.values()
         cand = res.get(types[0])
-        line = [f"{case.name}:"]
+        line = []
         for t in order:
             x = res[t]
             line.append(f"{t} {x.median_us:.1f} us ({x.bytes_per_call / x.median_us / 1e3:.0f} GB/s)")
-        print("  " + "; ".join(line), flush=True)
+        print(f"  {case.name}: " + "; ".join(line), flush=True)
         if cand:
             for t in order[1:]:
                 ratios = [c / p for c, p in zip(cand.times_us, res[t].times_us)]

@@ -9,7 +9,7 @@
 #       ignored by git and is carried to the device by naming it in `carry`).
 #
 # There (through the device tool, from the repo root; the machine stays warm ~30 s between calls, and a
-# warm machine keeps .dev/cuda/build, so a second call within that window skips the build):
+# warm machine keeps /tmp/stq-cuda/{src,build}, so a second call within that window skips the build):
 #   run(command="bash harness/cuda_device.sh remote all", carry=[".dev"], timeout_s=600)
 #       stages (any subset, in this order): build test sanitize bench ncu  ("all" = build test sanitize bench)
 #       logs and results go to $OUT (at most 8 files come back): build.log, test.log, sanitize.log,
@@ -55,7 +55,9 @@ remote() {
     [ "$stages" = "all" ] && stages="build test sanitize bench"
     local out="${OUT:-$DEV/out}"
     mkdir -p "$out"
-    local src="$DEV/src" bld="$DEV/build"
+    # outside the carried .dev (a call that carries .dev replaces it there): kept while the machine is warm
+    local work="${STQ_CUDA_WORK:-/tmp/stq-cuda}"
+    local src="$work/src" bld="$work/build"
     local jobs="${STQ_CUDA_JOBS:-$(nproc)}"
     export PYTHONUNBUFFERED=1
 
