@@ -117,6 +117,14 @@ const emu_kernel_info * emu_find_kernel(const char * name) {
     return it == kernel_index().end() ? nullptr : &kernels()[it->second];
 }
 
+bool emu_have_file(const char * file) {
+    (void) emu_find_kernel("");
+    for (const emu_kernel_info & k : kernels()) {
+        if (strcmp(k.file, file) == 0) return true;
+    }
+    return false;
+}
+
 int emu_n_kernels(void) {
     return (int) kernels().size();
 }
@@ -133,7 +141,8 @@ struct sg_state {
     int      active;
     int      arrived;
     uint64_t gen;
-    uint32_t mask;
+    uint32_t mask;         // lanes whose deposits the current SIMD operation reads
+    uint32_t exited;       // lanes that exited since the last release (leave 'mask' at the next one)
     uint64_t coll_done;
     alignas(64) uint8_t slots[2][32*EMU_SIMD_SLOT_BYTES];
     alignas(64) float coll_result[64];
@@ -227,6 +236,8 @@ void yield_to_sched(worker * w) {
 }
 
 void sg_release(sg_state & s, worker * w) {
+    s.mask &= ~s.exited;
+    s.exited = 0;
     s.arrived = 0;
     s.gen++;
     w->progress++;
@@ -242,7 +253,7 @@ void fiber_exit(worker * w, fiber * f) {
     f->done = true;
     sg_state & s = w->sgs[f->sg];
     s.active--;
-    s.mask &= ~(1u << f->lane);
+    s.exited |= 1u << f->lane; // lanes still reading the last operation need this lane's deposit
     if (s.arrived > 0 && s.arrived >= s.active) sg_release(s, w);
     w->tg_active--;
     if (w->tg_arrived > 0 && w->tg_arrived >= w->tg_active) tg_release(w);
@@ -322,6 +333,7 @@ void run_threadgroup(worker * w, const emu_dispatch * d, uint32_t x, uint32_t y,
         sg.active = std::min(32, nt - 32*s);
         sg.arrived = 0;
         sg.mask = sg.active == 32 ? 0xffffffffu : ((1u << sg.active) - 1);
+        sg.exited = 0;
         sg.coll_done = 0;
         memset(sg.slots, POISON, sizeof(sg.slots));
     }
@@ -577,7 +589,7 @@ void emu_report_misaligned(const void * p, size_t align, const char * where) {
 void * emu_arg_ptr(emu_arg_kind kind, int idx) {
     worker * w = W;
     if (kind == EMU_ARG_TGMEM) {
-        if (w->disp->tgmem[idx] == 0) emu_fatal("kernel uses threadgroup memory that the host did not set");
+        // a kernel may declare threadgroup memory that the host leaves at length 0 (unused variant)
         return w->tgmem.data() + w->tgmem_off[idx];
     }
     void * p = w->disp->bufs[idx];

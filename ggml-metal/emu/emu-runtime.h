@@ -62,6 +62,7 @@ struct emu_kernel_info {
 
 const emu_kernel_info * emu_find_kernel(const char * name);
 int  emu_n_kernels(void);
+bool emu_have_file(const char * file); // were the kernels of kernels/<file>.metal translated?
 
 struct emu_fc_value {
     int     idx;

@@ -164,8 +164,6 @@ struct ggml_metal_pipeline_with_params ggml_metal_library_compile_pipeline(ggml_
         ppl->fcs = cv->vals;
     }
 
-    GGML_LOG_DEBUG("%s: metal-emu: pipeline %s -> kernel %s (%s.metal)\n", __func__, name, base, k->file);
-
     ggml_metal_pipelines_add(lib->pipelines, name, ppl);
     res.pipeline = ppl;
     return res;
@@ -251,6 +249,11 @@ void ggml_metal_encoder_dispatch_threadgroups(ggml_metal_encoder_t encoder, int 
         GGML_LOG_ERROR("%s: metal-emu: pipeline %s requests %zu bytes of threadgroup memory (> 32 KiB)\n", __func__, ppl->name.c_str(), tgmem_total);
         encoder->cb->error = true;
         return;
+    }
+    static const bool trace = getenv("GGML_METAL_EMU_TRACE") != nullptr;
+    if (trace) {
+        fprintf(stderr, "metal-emu: dispatch %s grid (%d,%d,%d) tg (%d,%d,%d) tgmem %zu\n", ppl->name.c_str(),
+                tg0, tg1, tg2, tptg0, tptg1, tptg2, tgmem_total);
     }
     if (!emu_run_dispatch(&d)) {
         GGML_LOG_ERROR("%s: metal-emu: dispatch of %s failed\n", __func__, ppl->name.c_str());
@@ -377,44 +380,64 @@ void ggml_metal_device_get_memory(ggml_metal_device_t dev, size_t * free, size_t
 // (one source of truth for what the Metal backend claims), renamed to ..._upstream
 #include "emu-supports-op.inc"
 
-// ops whose kernels have been verified on the emulator with test-backend-ops; everything else is
-// reported as unsupported unless GGML_METAL_EMU_ALL_OPS is set
-static bool emu_op_verified(const struct ggml_tensor * op) {
+// ops verified on the emulator with test-backend-ops, and the kernel files they need; everything
+// else is reported as unsupported (GGML_METAL_EMU_ALL_OPS=1 lifts the op list, not the file check)
+static bool emu_op_files(const struct ggml_tensor * op, bool all_ops, const char ** files, int * n) {
+    *n = 0;
+    auto need = [&](const char * f) { files[(*n)++] = f; };
     switch (op->op) {
         case GGML_OP_NONE:
         case GGML_OP_RESHAPE:
         case GGML_OP_VIEW:
         case GGML_OP_TRANSPOSE:
         case GGML_OP_PERMUTE:
+            return true;
         case GGML_OP_MUL_MAT:
         case GGML_OP_MUL_MAT_ID:
+            need("mul_mv"); need("mul_mm");
+            return true;
         case GGML_OP_GET_ROWS:
         case GGML_OP_SET_ROWS:
         case GGML_OP_CPY:
         case GGML_OP_DUP:
         case GGML_OP_CONT:
+            need("quantize");
+            return true;
         case GGML_OP_RMS_NORM:
         case GGML_OP_NORM:
+            need("norm");
+            return true;
         case GGML_OP_ROPE:
+            need("rope");
+            return true;
         case GGML_OP_SOFT_MAX:
+            need("softmax");
+            return true;
         case GGML_OP_ADD:
         case GGML_OP_SUB:
         case GGML_OP_MUL:
         case GGML_OP_DIV:
+            need("binbcast");
+            return true;
         case GGML_OP_SCALE:
         case GGML_OP_GLU:
-        case GGML_OP_FLASH_ATTN_EXT:
+            need("unary");
             return true;
         case GGML_OP_UNARY:
-            switch (ggml_get_unary_op(op)) {
-                case GGML_UNARY_OP_GELU:
-                case GGML_UNARY_OP_SILU:
-                    return true;
-                default:
-                    return false;
+            need("unary");
+            return all_ops || ggml_get_unary_op(op) == GGML_UNARY_OP_GELU || ggml_get_unary_op(op) == GGML_UNARY_OP_SILU;
+        case GGML_OP_FLASH_ATTN_EXT:
+            {
+                static char fa[32][64];
+                static char fa_vec[32][64];
+                const int t = (int) op->src[1]->type % 32;
+                snprintf(fa[t],     sizeof(fa[t]),     "fa_%s",     ggml_type_name(op->src[1]->type));
+                snprintf(fa_vec[t], sizeof(fa_vec[t]), "fa_vec_%s", ggml_type_name(op->src[1]->type));
+                need("fa_aux"); need(fa[t]); need(fa_vec[t]);
             }
+            return true;
         default:
-            return false;
+            return all_ops;
     }
 }
 
@@ -423,7 +446,17 @@ bool ggml_metal_device_supports_op(ggml_metal_device_t dev, const struct ggml_te
         return false;
     }
     static const bool all_ops = getenv("GGML_METAL_EMU_ALL_OPS") != nullptr;
-    return all_ops || emu_op_verified(op);
+    const char * files[8];
+    int n = 0;
+    if (!emu_op_files(op, all_ops, files, &n)) {
+        return false;
+    }
+    for (int i = 0; i < n; ++i) {
+        if (!emu_have_file(files[i])) {
+            return false;
+        }
+    }
+    return true;
 }
 
 const struct ggml_metal_device_props * ggml_metal_device_get_props(ggml_metal_device_t dev) {

@@ -447,8 +447,8 @@ class Translator:
         for fname, idx in self.fcs:
             tail.append(f"    emu_register_fc(({idx}), (void *) &{fname}, sizeof({fname}));")
         tail.append("} };")
-        if self.part == 0:
-            tail.append("emu_fc_registrar emu_fc_reg;")
+        # every part has its own copy of the function-constant globals
+        tail.append("emu_fc_registrar emu_fc_reg;")
         tail.append("} // namespace")
         tail.append(f"using namespace emu_{self.name}_p{self.part};")
         tail.append(f"void emu_register_{self.name}_p{self.part}() {{}}")

@@ -360,12 +360,15 @@ EMU_INL T * emu_simd_exchange(const T & v) {
 
 template<typename T> EMU_INL T emu_zero() { return (T) 0; }
 
+// value deposited by lane i (slots are EMU_SIMD_SLOT_BYTES apart)
+template<typename T> EMU_INL T emu_slot(const T * s, int i) { T v; __builtin_memcpy(&v, (const char *) s + i*EMU_SIMD_SLOT_BYTES, sizeof(T)); return v; }
+
 template<typename T>
 EMU_INL T simd_sum(T v) {
     T * s = emu_simd_exchange(v);
     const uint32_t m = emu_simd_active_mask();
     T r = emu_zero<T>();
-    for (int i = 0; i < 32; ++i) if (m & (1u << i)) r += s[i*(EMU_SIMD_SLOT_BYTES/sizeof(T))];
+    for (int i = 0; i < 32; ++i) if (m & (1u << i)) r += emu_slot(s, i);
     return r;
 }
 #define EMU_SIMD_REDUCE(name, op) \
@@ -374,7 +377,7 @@ EMU_INL T name(T v) { \
     T * s = emu_simd_exchange(v); \
     const uint32_t m = emu_simd_active_mask(); \
     bool first = true; T r = v; \
-    for (int i = 0; i < 32; ++i) if (m & (1u << i)) { T x = s[i*(EMU_SIMD_SLOT_BYTES/sizeof(T))]; if (first) { r = x; first = false; } else { r = op; } } \
+    for (int i = 0; i < 32; ++i) if (m & (1u << i)) { T x = emu_slot(s, i); if (first) { r = x; first = false; } else { r = op; } } \
     return r; \
 }
 EMU_SIMD_REDUCE(simd_max, max(r, x))
@@ -389,7 +392,7 @@ EMU_INL T emu_simd_read(T * s, int lane, const T & self) {
     if (lane < 0 || lane >= 32 || !(emu_simd_active_mask() & (1u << lane))) {
         return self; // reading an inactive lane is undefined on the GPU
     }
-    return s[lane*(EMU_SIMD_SLOT_BYTES/sizeof(T))];
+    return emu_slot(s, lane);
 }
 
 template<typename T> EMU_INL T simd_shuffle(T v, ushort lane)         { T * s = emu_simd_exchange(v); return emu_simd_read(s, lane, v); }
@@ -405,14 +408,14 @@ EMU_INL T simd_prefix_exclusive_sum(T v) {
     T * s = emu_simd_exchange(v);
     const uint32_t m = emu_simd_active_mask();
     T r = emu_zero<T>();
-    for (int i = 0; i < emu_lane(); ++i) if (m & (1u << i)) r += s[i*(EMU_SIMD_SLOT_BYTES/sizeof(T))];
+    for (int i = 0; i < emu_lane(); ++i) if (m & (1u << i)) r += emu_slot(s, i);
     return r;
 }
 template<typename T>
 EMU_INL T simd_prefix_inclusive_sum(T v) { return simd_prefix_exclusive_sum(v) + v; }
 
-EMU_INL bool simd_all(bool b) { bool * s = emu_simd_exchange(b); const uint32_t m = emu_simd_active_mask(); for (int i = 0; i < 32; ++i) if ((m & (1u << i)) && !s[i*EMU_SIMD_SLOT_BYTES]) return false; return true; }
-EMU_INL bool simd_any(bool b) { bool * s = emu_simd_exchange(b); const uint32_t m = emu_simd_active_mask(); for (int i = 0; i < 32; ++i) if ((m & (1u << i)) &&  s[i*EMU_SIMD_SLOT_BYTES]) return true;  return false; }
+EMU_INL bool simd_all(bool b) { bool * s = emu_simd_exchange(b); const uint32_t m = emu_simd_active_mask(); for (int i = 0; i < 32; ++i) if ((m & (1u << i)) && !emu_slot(s, i)) return false; return true; }
+EMU_INL bool simd_any(bool b) { bool * s = emu_simd_exchange(b); const uint32_t m = emu_simd_active_mask(); for (int i = 0; i < 32; ++i) if ((m & (1u << i)) &&  emu_slot(s, i)) return true;  return false; }
 EMU_INL bool simd_is_first() { return emu_lane() == __builtin_ctz(emu_simd_active_mask()); }
 
 // ---- simdgroup matrices -----------------------------------------------------------------------
