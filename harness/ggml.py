@@ -200,20 +200,78 @@ def find_libs(build_dir) -> dict[str, Path]:
     return out
 
 
+_GLOBAL_BUILD: list[Path] = []  # the build loaded into the default namespace (at most one)
+
+
+class _DL:
+    """dlmopen/dlsym from the C library, for loading a second build into its own link-map
+    namespace (glibc only)."""
+
+    LM_ID_NEWLM = -1
+    RTLD_NOW = 2
+    RTLD_DI_LMID = 1
+
+    def __init__(self):
+        libc = C.CDLL(None)
+        self.dlmopen = libc.dlmopen
+        self.dlmopen.restype, self.dlmopen.argtypes = C.c_void_p, [C.c_long, C.c_char_p, C.c_int]
+        self.dlinfo = libc.dlinfo
+        self.dlinfo.argtypes = [C.c_void_p, C.c_int, C.c_void_p]
+        self.dlsym = libc.dlsym
+        self.dlsym.restype, self.dlsym.argtypes = C.c_void_p, [C.c_void_p, C.c_char_p]
+        self.dlerror = libc.dlerror
+        self.dlerror.restype = C.c_char_p
+
+    def load(self, paths: dict[str, Path]) -> dict[str, int]:
+        handles, lmid = {}, self.LM_ID_NEWLM
+        for stem in _LIBS:
+            h = self.dlmopen(lmid, str(paths[stem]).encode(), self.RTLD_NOW)
+            if not h:
+                err = self.dlerror()
+                raise GGMLError(f"{paths[stem]}: dlmopen failed: {err.decode() if err else 'unknown error'}")
+            if lmid == self.LM_ID_NEWLM:
+                ns = C.c_long()
+                self.dlinfo(h, self.RTLD_DI_LMID, C.byref(ns))
+                lmid = ns.value
+            handles[stem] = h
+        return handles
+
+
 class GGML:
-    """The ggml libraries of one build directory."""
+    """The ggml libraries of one build directory.
+
+    Every build's libraries have the same sonames, so a second build in the same process cannot
+    share the default namespace with the first (the loader would resolve its dependencies to the
+    first build's libraries): the first build is loaded normally, any other one into a link-map
+    namespace of its own with glibc's dlmopen (elsewhere: GGMLError, use a subprocess).  Several
+    backends of one build (e.g. MTL0 and CPU of a metal-emu build) work side by side.
+    """
 
     def __init__(self, build_dir, n_threads: int = 2):
         self.build_dir = Path(build_dir)
         self.paths = find_libs(self.build_dir)
+        here = self.paths["ggml-base"].resolve()
         self.n_threads = n_threads
-        self._libs = {}
-        mode = getattr(C, "RTLD_GLOBAL", 0)
-        for stem in _LIBS:  # base first: the others link against it
+        self._cdll: dict[str, C.CDLL] = {}
+        self._dl: _DL | None = None
+        self._handles: dict[str, int] = {}
+        if not _GLOBAL_BUILD or _GLOBAL_BUILD[0] == here:
+            mode = getattr(C, "RTLD_GLOBAL", 0)
+            for stem in _LIBS:  # base first: the others link against it
+                try:
+                    self._cdll[stem] = C.CDLL(str(self.paths[stem]), mode=mode)
+                except OSError as e:
+                    raise GGMLError(f"{self.paths[stem]}: cannot load: {e}") from None
+            if not _GLOBAL_BUILD:
+                _GLOBAL_BUILD.append(here)
+        else:
             try:
-                self._libs[stem] = C.CDLL(str(self.paths[stem]), mode=mode)
-            except OSError as e:
-                raise GGMLError(f"{self.paths[stem]}: cannot load: {e}") from None
+                self._dl = _DL()
+            except AttributeError:
+                raise GGMLError(f"{self.build_dir}: this process already uses the ggml libraries of "
+                                f"{_GLOBAL_BUILD[0].parent} and this platform has no dlmopen: "
+                                f"use a subprocess for a second build") from None
+            self._handles = self._dl.load(self.paths)
         self._fn = {}
         self._backends: dict[str, int] = {}
         self.cpu("ggml_cpu_init")()
@@ -224,21 +282,29 @@ class GGML:
 
     # -- symbols --------------------------------------------------------------------------
 
+    def _lookup(self, name: str):
+        """A ctypes function for ``name`` (default signature: returns int, untyped args)."""
+        for stem in ("ggml-base", "ggml", "ggml-cpu"):
+            if self._dl is None:
+                try:
+                    return getattr(self._cdll[stem], name)
+                except AttributeError:
+                    continue
+            addr = self._dl.dlsym(self._handles[stem], name.encode())
+            if addr:
+                return C.CFUNCTYPE(C.c_int)(addr)
+        return None
+
     def has_symbol(self, name: str) -> bool:
-        return any(hasattr(lib, name) for lib in self._libs.values())
+        return name in self._fn or self._lookup(name) is not None
 
     def fn(self, name: str):
+        """The function ``name`` from this build, typed from the pinned headers where known."""
         f = self._fn.get(name)
         if f is not None:
             return f
-        for stem in ("ggml-base", "ggml", "ggml-cpu"):
-            lib = self._libs[stem]
-            try:
-                f = getattr(lib, name)
-                break
-            except AttributeError:
-                continue
-        else:
+        f = self._lookup(name)
+        if f is None:
             raise GGMLError(f"symbol {name} not found in {', '.join(str(p) for p in self.paths.values())} "
                             f"(wrong build, or a patch missing?)")
         if name in _SIGS:

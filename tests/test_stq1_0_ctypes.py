@@ -79,6 +79,37 @@ def test_layer_on_plain_types(stq_cpu_build):
         lib.close()
 
 
+def test_second_build_in_one_process(stq_cpu_build, tmp_path):
+    """A second build (here: a copy of the libraries at another path) loads beside the first one,
+    in its own link-map namespace, and both work."""
+    import shutil
+    import sys
+
+    from harness import ggml
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("dlmopen namespaces are a glibc feature")
+    first = ggml.GGML(stq_cpu_build)
+    (tmp_path / "bin").mkdir()
+    for p in first.paths.values():
+        for f in p.parent.glob(p.name + "*"):
+            shutil.copy2(f, tmp_path / "bin" / f.name, follow_symlinks=True)
+    second = ggml.GGML(tmp_path)
+    try:
+        assert second._dl is not None or first._dl is not None
+        second.self_check()
+        rng = np.random.default_rng(3)
+        w = rng.standard_normal((5, 64)).astype(np.float32)
+        q8_0 = first.type_id("q8_0")
+        assert (first.quantize(q8_0, w) == second.quantize(q8_0, w)).all()
+        x = rng.standard_normal((2, 64)).astype(np.float32)
+        f32_ = first.type_id("f32")
+        np.testing.assert_array_equal(first.mul_mat(f32_, w, 64, 5, x), second.mul_mat(f32_, w, 64, 5, x))
+    finally:
+        first.close()
+        second.close()
+
+
 def test_layer_errors(tmp_path):
     from harness import ggml
 
