@@ -12,6 +12,9 @@ harness's ``cpu_build``).  What is compared, and how exactly:
   must be identical and every other block may differ only by one fp16 ulp of d; with an imatrix
   the weighted errors must agree within 1e-3 relative.  Both quantizers must reproduce each
   other's bytes from the other's decoded weights (exactly representable input).
+* mul_mat / mul_mat_id / get_rows / cpy run on the CPU and, where a metal-emu build is available
+  (fixture ``metal_emu_build`` or env STQ_METAL_EMU_BUILD), on its MTL0 device, against the same
+  numpy references and tolerances (ops a backend does not support skip with the reason).
 * mul_mat / mul_mat_id on the CPU quantize activations to Q8_K.  With activations that Q8_K
   represents exactly (k * 2^e, |k| <= 127, one |k| = 127 per 256-block) the CPU result must
   match the float64 numpy product within 1e-5 of sum |x||w| (float32 accumulation only).  With
@@ -262,7 +265,7 @@ except NotImplementedError:
 
 
 # ---------------------------------------------------------------------------------------------
-# graph ops on the CPU
+# graph ops: on the CPU, and on the metal emulator's MTL0 where a metal-emu build is available
 
 
 @pytest.fixture
@@ -271,6 +274,51 @@ def cpu_kernels(stq_lib):
     if not tr.vec_dot or not tr.from_float:
         pytest.skip("the CPU backend has no STQ1_0 vec_dot/from_float (patch 0002 not applied)")
     return stq_lib
+
+
+_EMU_LIBS: dict = {}
+
+
+def _metal_emu_lib(request):
+    import os
+
+    from harness import ggml
+
+    if os.environ.get("STQ_METAL_EMU_BUILD"):
+        build = os.environ["STQ_METAL_EMU_BUILD"]
+    else:
+        try:
+            build = request.getfixturevalue("metal_emu_build")
+        except pytest.FixtureLookupError:
+            pytest.skip("no metal-emu build (set STQ_METAL_EMU_BUILD)")
+    if build not in _EMU_LIBS:
+        _EMU_LIBS[build] = ggml.GGML(build)
+    lib = _EMU_LIBS[build]
+    if not lib.has_stq1_0():
+        pytest.skip(f"{build}: no STQ1_0 in this metal-emu build")
+    if "MTL0" not in [n for n, _ in lib.devices()]:
+        pytest.skip(f"{build}: no MTL0 device")
+    return lib
+
+
+@pytest.fixture(params=["CPU", "MTL0"])
+def ops(request, stq_lib):
+    """(lib, backend name) to run graph ops on; MTL0 comes from the metal-emu build."""
+    if request.param == "CPU":
+        return request.getfixturevalue("cpu_kernels"), "CPU"
+    return _metal_emu_lib(request), "MTL0"
+
+
+def run_or_skip(fn, backend):
+    """Run an op; a backend that does not support it (not the CPU) skips with the reason."""
+    from harness import ggml
+
+    try:
+        return fn()
+    except ggml.GGMLError as e:
+        if backend != "CPU" and "does not support" in str(e):
+            pytest.skip(f"{backend}: {e}")
+        raise
 
 
 def exact_q8k_activations(rng, shape):
@@ -308,16 +356,17 @@ MM_SHAPES = [(256, 1, 1), (256, 7, 5), (512, 33, 3), (768, 64, 32), (2048, 6144,
 
 @pytest.mark.parametrize("kmn", MM_SHAPES, ids=lambda s: "k{}m{}n{}".format(*s))
 @pytest.mark.parametrize("exact", [True, False], ids=["q8k-exact", "normal"])
-def test_mul_mat(cpu_kernels, stq_lib, kmn, exact):
+def test_mul_mat(ops, kmn, exact):
+    lib, be = ops
     k, m, n = kmn
     rng = np.random.default_rng(k + 3 * m + 7 * n + exact)
     wb = random_blocks(rng, m * k // 256, d_scale=0.05)
     x = exact_q8k_activations(rng, (n, k)) if exact else rng.standard_normal((n, k)).astype(np.float32)
-    got = stq_lib.mul_mat(STQ, wb, k, m, x)
+    got = run_or_skip(lambda: lib.mul_mat(STQ, wb, k, m, x, backend=be), be)
     w = S.decode(wb).reshape(m, k)
     want = x.astype(np.float64) @ w.astype(np.float64).T
     assert got.shape == (n, m)
-    check_close(got, want, tolerance(x, w, exact), f"mul_mat k={k} m={m} n={n}")
+    check_close(got, want, tolerance(x, w, exact), f"{be} mul_mat k={k} m={m} n={n}")
 
 
 # (k, m, n_expert, n_used, n_tokens, shared_x)
@@ -330,13 +379,14 @@ MOE = [
 
 
 @pytest.mark.parametrize("cfg", MOE, ids=lambda c: "k{}m{}e{}top{}t{}{}".format(*c[:5], "s" if c[5] else ""))
-def test_mul_mat_id(cpu_kernels, stq_lib, cfg):
+def test_mul_mat_id(ops, cfg):
+    lib, be = ops
     k, m, n_expert, n_used, n_tokens, shared = cfg
     rng = np.random.default_rng(k + m + n_expert + n_used * 13 + n_tokens * 17 + shared)
     wb = random_blocks(rng, n_expert * m * k // 256, d_scale=0.05)
     ids = np.stack([rng.choice(n_expert, n_used, replace=False) for _ in range(n_tokens)]).astype(np.int32)
     x = exact_q8k_activations(rng, (n_tokens, 1 if shared else n_used, k))
-    got = stq_lib.mul_mat_id(STQ, wb, k, m, n_expert, x, ids)
+    got = run_or_skip(lambda: lib.mul_mat_id(STQ, wb, k, m, n_expert, x, ids, backend=be), be)
     assert got.shape == (n_tokens, n_used, m)
     # the reference for (a sample of) output rows: all rows of small experts, 64 of the Hy4 ones
     rows = np.arange(m) if m * k <= 1 << 20 else np.sort(rng.choice(m, 64, replace=False))
@@ -348,40 +398,43 @@ def test_mul_mat_id(cpu_kernels, stq_lib, cfg):
         xv = x[ts, 0] if shared else x[ts, js]
         want = xv.astype(np.float64) @ w.astype(np.float64).T
         check_close(got[ts, js][:, rows], want, tolerance(xv, w, True),
-                    f"mul_mat_id expert {e} (tokens {ts.tolist()}, slots {js.tolist()})")
+                    f"{be} mul_mat_id expert {e} (tokens {ts.tolist()}, slots {js.tolist()})")
 
 
 @pytest.mark.parametrize("k,n_rows,rows", [(256, 1, [0]), (512, 9, [8, 0, 3, 3, 7]), (6144, 33, list(range(32, -1, -3)))])
-def test_get_rows_bit_exact(cpu_kernels, stq_lib, k, n_rows, rows):
+def test_get_rows_bit_exact(ops, k, n_rows, rows):
+    lib, be = ops
     rng = np.random.default_rng(k + n_rows)
     wb = random_blocks(rng, n_rows * k // 256)
-    got = stq_lib.get_rows(STQ, wb, k, n_rows, rows)
+    got = run_or_skip(lambda: lib.get_rows(STQ, wb, k, n_rows, rows, backend=be), be)
     want = S.decode(wb).reshape(n_rows, k)[rows]
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("k,n_rows", [(256, 1), (768, 5), (2048, 17)])
-def test_cpy_f32_to_stq1_0(cpu_kernels, stq_lib, k, n_rows):
+def test_cpy_f32_to_stq1_0(ops, k, n_rows):
+    lib, be = ops
     rng = np.random.default_rng(k * n_rows)
     x = rng.standard_normal((n_rows, k)).astype(np.float32)
-    got = stq_lib.cpy(f32(stq_lib), x, STQ, k, n_rows)
+    got = run_or_skip(lambda: lib.cpy(f32(lib), x, STQ, k, n_rows, backend=be), be)
     assert got.shape == (n_rows, S.row_bytes(k))
     _check_same_result(got, S.encode(x), x, None)
     # exactly representable input comes back as the same bytes
     bn = S.encode(x)
-    again = stq_lib.cpy(f32(stq_lib), S.decode(bn).reshape(n_rows, k), STQ, k, n_rows)
+    again = lib.cpy(f32(lib), S.decode(bn).reshape(n_rows, k), STQ, k, n_rows, backend=be)
     assert (again == bn).all()
 
 
-def test_cpy_stq1_0_to_f32(cpu_kernels, stq_lib):
+def test_cpy_stq1_0_to_f32(ops):
+    lib, be = ops
     rng = np.random.default_rng(77)
     k, n_rows = 512, 6
     wb = random_blocks(rng, n_rows * k // 256)
     try:
-        got = stq_lib.cpy(STQ, wb, f32(stq_lib), k, n_rows)
+        got = lib.cpy(STQ, wb, f32(lib), k, n_rows, backend=be)
     except Exception as e:  # noqa: BLE001
         if "does not support" in str(e):
-            pytest.skip(f"CPU backend: {e}")
+            pytest.skip(f"{be} backend: {e}")
         raise
     np.testing.assert_array_equal(got.view(np.uint32).reshape(-1), S.decode(wb).view(np.uint32))
 
