@@ -27,6 +27,10 @@ from . import server
 # depend on the thread count
 DEFAULT_ARGS = ["-c", "4096", "-np", "1", "-t", "1", "--no-warmup"]
 
+# n-gram drafting from the context: look up the last 3 tokens, propose up to 8 (the defaults, 12 and
+# 48, need long verbatim repeats)
+NGRAM_ARGS = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"]
+
 PROMPTS = [
     "The history of the printing press begins",
     "Here is a short recipe for a vegetable soup:",

@@ -30,7 +30,7 @@ DEMO_PROMPT = ("List the days of the week, one per line, three times over.\n"
 
 def spec_args(kind: str, model: Path, k: int, workdir: Path, bin_dir: Path) -> list[str]:
     if kind == "ngram":
-        return ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(k)]
+        return list(spec.NGRAM_ARGS)
     if kind == "self":
         draft = model
     elif kind == "q8":

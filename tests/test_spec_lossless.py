@@ -89,7 +89,7 @@ def test_ngram(bin_dir, gemma_model):
                "The quick brown fox jumps over the lazy dog. The quick brown fox"]
     ref = spec.run(bin_dir, gemma_model, prompts, N_PREDICT, label="greedy")
     got = spec.run(bin_dir, gemma_model, prompts, N_PREDICT,
-                   args=["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"], label="ngram-simple")
+                   args=spec.NGRAM_ARGS, label="ngram-simple")
     _check(ref, got)
 
 
