@@ -211,3 +211,22 @@ def test_encode_rejects_bad_input():
         S.encode(np.full(256, np.nan))
     with pytest.raises(ValueError, match="imatrix"):
         S.encode(np.zeros(256), imatrix=np.ones(3))
+
+
+def test_imatrix_with_zeros_and_rounds():
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((4, 512))
+    # an all-zero importance falls back to uniform weights
+    assert (S.encode(x, imatrix=np.zeros(512)) == S.encode(x)).all()
+    # zero importance on some columns: still one zero lane per group, still a fixed point
+    im = rng.uniform(0.5, 2.0, 512)
+    im[::3] = 0.0
+    b = S.encode(x, imatrix=im)
+    t, _ = S.ternary_from_blocks(b)
+    assert ((group_lanes(t) == 0).sum(axis=-1) == 1).all()
+    assert (S.encode(S.decode(b).reshape(x.shape), imatrix=im) == b).all()
+    # more alternation rounds never make the weighted error worse
+    errs = [S.weighted_error(x, S.encode(x, imatrix=im, rounds=r), im) for r in (0, 1, 4)]
+    assert errs[0] >= errs[1] >= errs[2]
+    with pytest.raises(ValueError):
+        S.encode(x, rounds=-1)
