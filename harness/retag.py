@@ -248,7 +248,7 @@ def _report(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def build_parser(prog: str = "retag") -> argparse.ArgumentParser:
+def build_parser(prog: str = "stq-metal retag") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Find tensors typed 42 whose byte sizes fit only STQ1_0 (n/256*42 bytes) in a GGUF file and "
@@ -272,7 +272,7 @@ def build_parser(prog: str = "retag") -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None, prog: str = "retag") -> int:
+def main(argv=None, prog: str = "stq-metal retag") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
         plan = scan(args.gguf)
