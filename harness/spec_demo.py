@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bin", type=Path, required=True, help="folder with llama-server (and llama-quantize for --draft q8)")
     ap.add_argument("--model", type=Path, required=True, help="target GGUF")
     ap.add_argument("--draft", default="ngram", help="ngram | self | q8 | PATH of a draft GGUF (default ngram)")
-    ap.add_argument("-k", type=int, default=4, help="draft tokens per step (default 4)")
+    ap.add_argument("-k", type=int, default=4, help="draft tokens per step for a draft model (default 4)")
     ap.add_argument("-n", type=int, default=160, help="tokens to generate (default 160)")
     ap.add_argument("--rounds", type=int, default=2, help="AB/BA rounds for the speed ratio (default 2)")
     ap.add_argument("--prompt", default=DEMO_PROMPT)
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         cmp = spec.compare(greedy_runs[0], spec_runs[0])
         print(side_by_side(g.text, s.text))
         print()
-        print(f"draft: {args.draft}, k = {args.k}, {args.n} tokens")
+        how = "ngram-simple (3-token lookup, up to 8 drafted)" if args.draft == "ngram" else f"{args.draft}, k = {args.k}"
+        print(f"draft: {how}, {args.n} tokens")
         print(f"token ids identical: {cmp.tokens_equal}; log-probabilities identical: {cmp.bits_equal}")
         print(f"drafts accepted: {s.draft_accepted}/{s.draft_n}")
         gs = statistics.median(x.gens[0].tok_per_s for x in greedy_runs)
