@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="which build's llama-server to use (built if needed)")
     p.add_argument("--binary", help="use this llama-server binary instead of building one")
     p.add_argument("--name", default="server", help="instance name for the pid/log files (default server)")
-    p.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: extra llama-server arguments")
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, server_args=[])
+    p.epilog = "Arguments after `--` go to llama-server unchanged, e.g. `serve start -- -c 4096 -ngl 99`."
 
     p = sub.add_parser("demo", help="build, fetch the model, serve it with --jinja, print a chat completion")
     p.add_argument("--backend", default=buildmod.default_backend(), choices=buildmod.BACKENDS,
@@ -106,9 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=cmd_passthrough(module))
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if argv[:1] == ["serve"] and "--" in argv:  # everything after `--` belongs to llama-server
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = ap.parse_args(argv)
-    if getattr(args, "server_args", None) and args.server_args[:1] == ["--"]:
-        args.server_args = args.server_args[1:]
+    if passthrough:
+        args.server_args = passthrough
     try:
         return args.func(args)
     except HarnessError as e:
