@@ -23,7 +23,7 @@ def _build(tmp: Path, sanitize: bool) -> Path:
     subprocess.run(["python3", str(EMU / "msl2cpp.py"), "--source", str(EMU / "selftest" / "planted.metal"),
                     "--out", str(gen)], check=True)
     exe = tmp / ("planted_asan" if sanitize else "planted")
-    cmd = [CXX, "-std=c++20", "-O1", "-g", "-march=native", f"-I{EMU}", str(gen), str(EMU / "emu-runtime.cpp"),
+    cmd = [CXX, "-std=c++20", "-O1", "-g", "-march=native", "-fmax-type-align=8", f"-I{EMU}", str(gen), str(EMU / "emu-runtime.cpp"),
            str(EMU / "selftest" / "planted_driver.cpp"), "-o", str(exe), "-lpthread"]
     if sanitize:
         cmd[1:1] = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]

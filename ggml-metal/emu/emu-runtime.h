@@ -19,6 +19,7 @@ bool   emu_simd_leader(void);
 void * emu_simd_collective_begin(void);
 void * emu_simd_collective_slot(void);
 void   emu_simd_collective_done(void);
+void   emu_mma_f32(float * d, const void * a, int ta, const void * b, int tb, const void * c, int tc);
 void * emu_tg_alloc(const void * key, size_t size, size_t align);
 void   emu_report_misaligned(const void * p, size_t align, const char * where);
 

@@ -109,7 +109,9 @@ set_source_files_properties(ggml-metal.cpp ggml-metal-device.cpp ggml-metal-ops.
                             ggml-metal-fusion.cpp ggml-metal-tuning.cpp
                             PROPERTIES COMPILE_OPTIONS "-include;memory;-include;cstring;-include;cmath")
 
-set(EMU_KERNEL_FLAGS -O2 -march=native -Wno-everything)
+# -fmax-type-align=8: vector types lose their element-alignment typedef attribute when they are
+# template arguments; never let clang assume 16-byte alignment (aligned moves fault on x86)
+set(EMU_KERNEL_FLAGS -O2 -march=native -fmax-type-align=8 -Wno-everything)
 if (GGML_METAL_EMU_STRICT_ALIGN)
     list(APPEND EMU_KERNEL_FLAGS -DEMU_STRICT_ALIGN)
 endif()

@@ -463,7 +463,6 @@ EMU_INL void simdgroup_store(const thread simdgroup_matrix<T, 8, 8> & m, P * dst
 }
 
 // d = a*b + c, once per SIMD group (computed by the first lane to arrive, copied by the others)
-void emu_mma_f32(float * d, const void * a, int ta, const void * b, int tb, const void * c, int tc);
 
 template<typename T> constexpr int emu_mtype() { if constexpr (std::is_same_v<T, float>) return 0; else if constexpr (std::is_same_v<T, half>) return 1; else return 2; }
 
@@ -525,9 +524,11 @@ EMU_INL To emu_pcast(From p) {
         typedef std::remove_cv_t<std::remove_pointer_t<To>> E;
         if constexpr (!std::is_void_v<E>) {
 #if defined(EMU_STRICT_ALIGN)
-            constexpr size_t al = alignof(E);
-#else
             constexpr size_t al = alignof(E) > 16 ? 16 : alignof(E);
+#else
+            // scalars and structs: natural alignment (a 2-mod-4 uint32 load is a real GPU bug);
+            // vectors: element alignment (upstream kernels load char4 from 2-byte aligned q8_0 blocks)
+            constexpr size_t al = alignof(metal::velem_t<E>) > 16 ? 16 : alignof(metal::velem_t<E>);
 #endif
             if (__builtin_expect(((uintptr_t) p) % al != 0, 0)) {
                 emu_report_misaligned((const void *) p, al, __PRETTY_FUNCTION__);

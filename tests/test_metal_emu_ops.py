@@ -1,0 +1,80 @@
+"""test-backend-ops on the metal-emu backend (the real ggml-metal host code and kernels, emulated on
+the CPU) compared with the CPU backend, per op group.
+
+The build comes from the `metal_emu_build` fixture (harness backend `metal-emu`; env
+STQ_METAL_EMU_BUILD=<build dir> overrides). A group passes when test-backend-ops exits 0, at least
+one case ran on MTL0 and no case failed; unsupported cases are counted and printed, never passed.
+"""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+Q = "(f32|f16|q4_0|q8_0|q4_K|q1_0)"
+
+# (id, -o ops, -p params regex or None): chosen to cover the kernel paths (mul_mv batch 1,
+# mul_mv_ext batch 2..8, mul_mm batch >= 9) for the types the decode of Gemma and Hy4 needs,
+# with shapes small enough for a 2-core CI machine
+GROUPS = [
+    ("mul_mat_mv",     "MUL_MAT",        rf"type_a={Q},type_b=f32,m=16,n=1,k=(256|1024),"),
+    ("mul_mat_mv_ext", "MUL_MAT",        rf"type_a={Q},type_b=f32,m=16,n=[2-8],k=256,bs=\[1,1\]"),
+    ("mul_mat_mm",     "MUL_MAT",        rf"type_a={Q},type_b=f32,m=16,n=(9|16|32),k=256,bs=\[1,1\]"),
+    ("mul_mat_id",     "MUL_MAT_ID",     rf"type_a={Q},type_b=f32,n_mats=(4|8),n_used=(1|2|4),b=.,m=512,n=(1|4|32),k=256"),
+    ("get_rows",       "GET_ROWS",       None),
+    ("set_rows",       "SET_ROWS",       None),
+    ("cpy",            "CPY",            r"type_src=(f32|f16),type_dst=(f32|f16|q4_0|q8_0)"),
+    ("rms_norm",       "RMS_NORM",       None),
+    ("rope",           "ROPE",           r"type=f32"),
+    ("soft_max",       "SOFT_MAX",       r"type=f32"),
+    ("add_mul",        "ADD,MUL",        r"type=f32"),
+    ("glu",            "GLU",            r"type=f32"),
+    ("flash_attn_ext", "FLASH_ATTN_EXT", r"hsk=(64|128),hsv=(64|128),.*type_KV=f16"),
+]
+
+LINE = re.compile(r"^\s+(\S+\(.*\)): (.*)$")
+
+
+def _strip(s):
+    return re.sub(r"\x1b\[[0-9;]*m", "", s)
+
+
+def run_group(build, ops, params, timeout=1800):
+    exe = build / "bin" / "test-backend-ops"
+    if not exe.exists():
+        pytest.fail(f"{exe} does not exist (build the test-backend-ops target)")
+    cmd = [str(exe), "test", "-b", "MTL0", "-o", ops]
+    if params:
+        cmd += ["-p", params]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, GGML_METAL_EMU_THREADS=os.environ.get("GGML_METAL_EMU_THREADS", "2")))
+    dt = time.time() - t0
+    out = _strip(r.stdout + r.stderr)
+    res = {"ok": 0, "fail": 0, "unsupported": 0}
+    failed = []
+    for line in out.splitlines():
+        m = LINE.match(line)
+        if not m:
+            continue
+        status = m.group(2)
+        if status.startswith("OK"):
+            res["ok"] += 1
+        elif "FAIL" in status:
+            res["fail"] += 1
+            failed.append(m.group(1))
+        elif status.startswith("not supported"):
+            res["unsupported"] += 1
+    failed += [_strip(l).strip() for l in out.splitlines() if "ERR =" in l]
+    return r.returncode, res, failed, dt, out, cmd
+
+
+@pytest.mark.parametrize("gid,ops,params", GROUPS, ids=[g[0] for g in GROUPS])
+def test_backend_ops_metal_emu(metal_emu_build, gid, ops, params):
+    rc, res, failed, dt, out, cmd = run_group(metal_emu_build, ops, params)
+    print(f"\n[metal-emu] {gid}: {res['ok']} ok, {res['fail']} failed, {res['unsupported']} unsupported, {dt:.1f} s")
+    assert "metal-emu" in out, "the MTL0 backend of this build is not the emulator"
+    assert res["fail"] == 0 and rc == 0, (f"{' '.join(cmd)} failed (rc {rc}):\n" + "\n".join(failed[:40])
+                                          + "\n--- tail ---\n" + out[-3000:])
+    assert res["ok"] > 0, f"no {ops} case ran on MTL0 (all unsupported?):\n{out[-3000:]}"
