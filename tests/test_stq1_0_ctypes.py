@@ -486,17 +486,42 @@ def _vec_dot_symbol(lib, name):
     return f
 
 
-def test_vec_dot_simd_equals_generic(cpu_kernels, stq_lib):
-    """The AVX2 (or other SIMD) kernel and the generic C kernel have the same integer sums: both
-    are within the rounding bound of the exact result, which pins the integer sums (see
-    q8k_exact_dot).  Their float results may differ in the last bits (FMA, summation order)."""
-    lib = stq_lib
+_EXTRA_CPU_LIBS: dict = {}
+
+
+@pytest.fixture(params=["native", "avx2"])
+def simd_lib(request, stq_lib):
+    """The session's CPU build ("native": its best SIMD path, e.g. AVX-512 VNNI) and, when env
+    STQ_CPU_AVX2_BUILD names one, a build configured with GGML_NATIVE=OFF GGML_AVX2=ON (its AVX2
+    path), loaded beside the first in its own namespace."""
+    import os
+
+    from harness import ggml
+
+    if request.param == "native":
+        return request.getfixturevalue("cpu_kernels")
+    build = os.environ.get("STQ_CPU_AVX2_BUILD")
+    if not build:
+        pytest.skip("set STQ_CPU_AVX2_BUILD to a build with -DGGML_NATIVE=OFF -DGGML_AVX2=ON to test the AVX2 path "
+                    "on a CPU whose native build takes another path")
+    if build not in _EXTRA_CPU_LIBS:
+        _EXTRA_CPU_LIBS[build] = ggml.GGML(build)
+    lib = _EXTRA_CPU_LIBS[build]
+    if not lib.has_stq1_0() or not lib.traits_cpu(STQ).vec_dot:
+        pytest.skip(f"{build}: no STQ1_0 CPU kernels")
+    return lib
+
+
+def test_vec_dot_simd_equals_generic(simd_lib):
+    """The SIMD kernel (whichever the build compiled: AVX2, AVX-512, NEON) and the generic C
+    kernel have the same integer sums: both are within the rounding bound of the exact result,
+    which pins the integer sums (see q8k_exact_dot).  Their float results may differ in the last
+    bits (FMA, summation order)."""
+    lib = simd_lib
     simd = _vec_dot_symbol(lib, "ggml_vec_dot_stq1_0_q8_K")
     generic = _vec_dot_symbol(lib, "ggml_vec_dot_stq1_0_q8_K_generic")
     if simd is None or generic is None:
         pytest.skip("ggml_vec_dot_stq1_0_q8_K and/or its _generic variant are not exported by libggml-cpu")
-    if not lib.fn("ggml_cpu_has_avx2")():
-        pytest.skip("this CPU build has no AVX2 kernel to compare")
     vt = lib.traits_cpu(STQ).vec_dot_type
     rng = np.random.default_rng(1234)
     worst = 0.0
@@ -512,4 +537,4 @@ def test_vec_dot_simd_equals_generic(cpu_kernels, stq_lib):
             assert abs(s1.value - want) <= bound, ("simd", n, s1.value, want, bound)
             assert abs(s2.value - want) <= bound, ("generic", n, s2.value, want, bound)
             worst = max(worst, abs(s1.value - s2.value) / bound)
-    print(f"simd vs generic: worst |difference| = {worst:.3f} of the rounding bound")
+    print(f"{lib.build_dir}: simd vs generic: worst |difference| = {worst:.3f} of the rounding bound")
