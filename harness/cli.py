@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(func=cmd_passthrough(module))
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    direct = {"build": "build", "retag": "retag", "bench": "bench"}
+    if argv[:1] and argv[0] in direct:  # these parse their own flags, --help included
+        try:
+            return importlib.import_module(f"harness.{direct[argv[0]]}").main(argv[1:])
+        except HarnessError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     passthrough: list[str] = []
     if argv[:1] == ["serve"] and "--" in argv:  # everything after `--` belongs to llama-server
         cut = argv.index("--")

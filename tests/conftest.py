@@ -53,6 +53,27 @@ def metal_emu_build(pytestconfig) -> Path:
     return _build_or_env(pytestconfig, "metal-emu", "STQ_METAL_EMU_BUILD")
 
 
+# the x86 AVX2 path of the CPU kernels, for machines whose native build takes another (AVX-512, ...)
+AVX2_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_BMI2=ON"]
+
+
+@pytest.fixture(scope="session")
+def cpu_avx2_build(pytestconfig) -> Path:
+    """The ggml libraries built for AVX2 only (env STQ_CPU_AVX2_BUILD overrides); x86-64 only."""
+    import platform
+
+    from harness import patches, source
+    if os.environ.get("STQ_CPU_AVX2_BUILD"):
+        return Path(os.environ["STQ_CPU_AVX2_BUILD"])
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the AVX2 build is for x86-64 hosts")
+    with _uncaptured(pytestconfig):
+        tree = source.ensure_tree()
+        patches.apply(tree)
+        return buildmod.build(tree, "cpu", ("ggml",), extra=AVX2_FLAGS)
+
+
 @pytest.fixture(scope="session")
 def gemma_model(pytestconfig) -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF from PyPI, sha256-verified (env STQ_GEMMA overrides)."""

@@ -71,3 +71,20 @@ def test_runbook_help():
     assert p.returncode == 0
     for c in ("demo", "test", "start", "stop", "status", "bench"):
         assert c in p.stdout
+
+
+@pytest.mark.parametrize("sub", ["build", "retag", "bench"])
+def test_passthrough_subcommands_show_their_own_help(sub):
+    p = run_py("-m", "harness.cli", sub, "--help")
+    assert p.returncode == 0, p.stderr
+    assert "usage:" in p.stdout
+
+
+def test_serve_splits_server_arguments(monkeypatch):
+    from harness import cli
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_serve", lambda a: seen.update(vars(a)) or 0)
+    assert cli.main(["serve", "start", "--binary", "/x/llama-server", "--port", "9", "--", "-c", "64",
+                     "--port", "7"]) == 0
+    assert seen["binary"] == "/x/llama-server" and seen["port"] == 9
+    assert seen["server_args"] == ["-c", "64", "--port", "7"]

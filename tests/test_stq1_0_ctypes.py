@@ -500,10 +500,7 @@ def simd_lib(request, stq_lib):
 
     if request.param == "native":
         return request.getfixturevalue("cpu_kernels")
-    build = os.environ.get("STQ_CPU_AVX2_BUILD")
-    if not build:
-        pytest.skip("set STQ_CPU_AVX2_BUILD to a build with -DGGML_NATIVE=OFF -DGGML_AVX2=ON to test the AVX2 path "
-                    "on a CPU whose native build takes another path")
+    build = str(os.environ.get("STQ_CPU_AVX2_BUILD") or request.getfixturevalue("cpu_avx2_build"))
     if build not in _EXTRA_CPU_LIBS:
         _EXTRA_CPU_LIBS[build] = ggml.GGML(build)
     lib = _EXTRA_CPU_LIBS[build]
