@@ -22,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
 #include <sys/mman.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #if defined(__has_feature)
@@ -479,8 +481,55 @@ struct pool {
     }
 };
 
+// Integer division by zero (and INT_MIN/-1) does not trap on the GPU: kernels compute e.g.
+// 'i % args.nef1[1]' for fused operands that the variant never uses. x86 raises #DE (SIGFPE);
+// inside a kernel fiber the handler skips the div/idiv instruction with quotient = remainder = 0.
+struct sigaction g_old_fpe;
+
+void fpe_handler(int sig, siginfo_t * info, void * uctx) {
+    ucontext_t * uc = (ucontext_t *) uctx;
+    worker * w = W;
+    const uint8_t * p = (const uint8_t *) uc->uc_mcontext.gregs[REG_RIP];
+    bool ok = w != nullptr && w->cur != nullptr && info->si_code != FPE_FLTDIV;
+    if (ok) {
+        while (*p == 0x66 || *p == 0x67 || *p == 0xF2 || *p == 0xF3 || *p == 0x2E || *p == 0x3E ||
+               *p == 0x26 || *p == 0x64 || *p == 0x65 || *p == 0x36) p++;
+        if (*p >= 0x40 && *p <= 0x4F) p++;
+        ok = (*p == 0xF6 || *p == 0xF7);
+    }
+    if (ok) {
+        p++;
+        const uint8_t modrm = *p++;
+        const int mod = modrm >> 6, rm = modrm & 7, op = (modrm >> 3) & 7;
+        ok = op == 6 || op == 7;
+        if (mod != 3 && rm == 4) {
+            const uint8_t sib = *p++;
+            if (mod == 0 && (sib & 7) == 5) p += 4;
+        }
+        if (mod == 0 && rm == 5) p += 4;
+        if (mod == 1) p += 1;
+        if (mod == 2) p += 4;
+    }
+    if (!ok) {
+        sigaction(SIGFPE, &g_old_fpe, nullptr);
+        raise(sig);
+        return;
+    }
+    uc->uc_mcontext.gregs[REG_RAX] = 0;
+    uc->uc_mcontext.gregs[REG_RDX] = 0;
+    uc->uc_mcontext.gregs[REG_RIP] = (greg_t) p;
+}
+
+void install_fpe_handler() {
+    struct sigaction sa = {};
+    sa.sa_sigaction = fpe_handler;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGFPE, &sa, &g_old_fpe);
+}
+
 pool & get_pool() {
-    static pool * p = [] { pool * q = new pool(); q->init(); return q; }();
+    static pool * p = [] { pool * q = new pool(); q->init(); install_fpe_handler(); return q; }();
     return *p;
 }
 
@@ -573,17 +622,47 @@ void * emu_tg_alloc(const void * key, size_t size, size_t align) {
     return p;
 }
 
-static int g_misalign_fatal = -1;
+// Misaligned typed pointers (a uint32_t * at 2 mod 4, ...): fatal by default, naming the kernel.
+// Upstream kernels that do this on purpose (q5_0/q5_1 read their 2-mod-4 'qh' as one uint32, which
+// Apple GPUs tolerate) are allowed by kernel-name substring and noted once.
+//   GGML_METAL_EMU_MISALIGNED=fatal|warn|off   (default fatal)
+//   GGML_METAL_EMU_MISALIGNED_ALLOW=a,b,...    (default "q5_0,q5_1"; empty string: allow none)
+static int g_misalign_mode = -1; // 0 off, 1 warn, 2 fatal
+static std::vector<std::string> g_misalign_allow;
+static std::mutex g_misalign_mtx;
+static std::vector<std::string> g_misalign_noted;
 
 void emu_report_misaligned(const void * p, size_t align, const char * where) {
-    if (g_misalign_fatal < 0) {
+    std::lock_guard<std::mutex> lk(g_misalign_mtx);
+    if (g_misalign_mode < 0) {
         const char * s = getenv("GGML_METAL_EMU_MISALIGNED");
-        g_misalign_fatal = !(s && strcmp(s, "warn") == 0);
+        g_misalign_mode = 2;
+        if (s && strcmp(s, "warn") == 0) g_misalign_mode = 1;
+        if (s && strcmp(s, "off") == 0) g_misalign_mode = 0;
+        const char * a = getenv("GGML_METAL_EMU_MISALIGNED_ALLOW");
+        std::string list = a ? a : "q5_0,q5_1";
+        size_t pos = 0;
+        while (pos <= list.size()) {
+            size_t e = list.find(',', pos);
+            if (e == std::string::npos) e = list.size();
+            if (e > pos) g_misalign_allow.push_back(list.substr(pos, e - pos));
+            pos = e + 1;
+        }
     }
+    if (g_misalign_mode == 0) return;
+    const char * kname = (W && W->disp) ? W->disp->kernel->name : "?";
+    bool allowed = false;
+    for (const auto & a : g_misalign_allow) allowed |= strstr(kname, a.c_str()) != nullptr;
     char msg[512];
     snprintf(msg, sizeof(msg), "misaligned typed pointer %p (needs %zu-byte alignment) in %s", p, align, where);
-    if (g_misalign_fatal) emu_fatal(msg);
-    fprintf(stderr, "metal-emu: warning: %s\n", msg);
+    if (allowed || g_misalign_mode == 1) {
+        for (const auto & n : g_misalign_noted) if (n == kname) return;
+        g_misalign_noted.push_back(kname);
+        fprintf(stderr, "metal-emu: note: %s (kernel %s%s; reported once per kernel)\n", msg, kname,
+                allowed ? ", allowed by GGML_METAL_EMU_MISALIGNED_ALLOW" : "");
+        return;
+    }
+    emu_fatal(msg);
 }
 
 void * emu_arg_ptr(emu_arg_kind kind, int idx) {

@@ -427,6 +427,10 @@ static bool emu_op_files(const struct ggml_tensor * op, bool all_ops, const char
             need("unary");
             return all_ops || ggml_get_unary_op(op) == GGML_UNARY_OP_GELU || ggml_get_unary_op(op) == GGML_UNARY_OP_SILU;
         case GGML_OP_FLASH_ATTN_EXT:
+            // the vec kernels (few query rows) do not match the CPU yet: unsupported unless asked for
+            if (!all_ops && getenv("GGML_METAL_EMU_FA") == nullptr) {
+                return false;
+            }
             {
                 static char fa[32][64];
                 static char fa_vec[32][64];
