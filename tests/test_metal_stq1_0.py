@@ -88,6 +88,20 @@ def _must_be_supported(line: str) -> bool:
     return False
 
 
+# the pinned mul_mm stores its bounds-checked output tile as float4 at (float *) dst + r0 + j*ne0,
+# misaligned when ne0 % 4 != 0 (test-backend-ops has m = 1 and m = 131), for every weight type.
+# That one cast (float * -> float4 *; the STQ1_0 kernels cast only from char pointers) is tolerated
+# as a warning; any other misaligned typed pointer fails the test.
+_KNOWN_MISALIGNED = re.compile(r"\[To = float \* __attribute__\(\(ext_vector_type\(4\)\)\), From = float \*\]")
+
+# test-backend-ops' full Hy4 stack (256 x 2048 x 6144, 528 MB) spends ~7 minutes quantizing on the
+# CPU of a 2-core box; test_mul_mat_id below runs that shape from random blocks in well under one
+STQ_FULL = os.environ.get("STQ_FULL_BACKEND_OPS", "") not in ("", "0")
+_PARAMS = {
+    "MUL_MAT_ID": "stq1_0" if STQ_FULL else "type_a=stq1_0,type_b=f32,n_mats=(?!256,n_used=8,b=0,m=2048,)",
+}
+
+
 @pytest.mark.parametrize("op", ["MUL_MAT", "MUL_MAT_ID", "GET_ROWS", "CPY"])
 def test_backend_ops(metal_emu_build, op):
     exe = metal_emu_build / "bin" / "test-backend-ops"
@@ -96,11 +110,15 @@ def test_backend_ops(metal_emu_build, op):
     # an LD_PRELOADed sanitizer runtime (for the ctypes tests of a sanitized build) must not reach
     # test-backend-ops, which links its own
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    r = subprocess.run([str(exe), "test", "-b", "MTL0", "-o", op, "-p", "stq1_0"],
-                       capture_output=True, text=True, timeout=1800, env=env)
+    env["GGML_METAL_EMU_MISALIGNED"] = "warn"
+    params = _PARAMS.get(op, "stq1_0")
+    r = subprocess.run([str(exe), "test", "-b", "MTL0", "-o", op, "-p", params],
+                       capture_output=True, text=True, timeout=3600, env=env)
     out = r.stdout + r.stderr
     m = re.search(r"(\d+)/(\d+) tests passed", out)
-    assert r.returncode == 0 and m, f"test-backend-ops -o {op} -p stq1_0 on MTL0 failed:\n{out[-4000:]}"
+    assert r.returncode == 0 and m, f"test-backend-ops -o {op} -p {params} on MTL0 failed:\n{out[-4000:]}"
+    misaligned = [ln for ln in out.splitlines() if "misaligned" in ln and not _KNOWN_MISALIGNED.search(ln)]
+    assert not misaligned, "misaligned typed pointers:\n" + "\n".join(misaligned[:10])
     unsupported = [ln.strip() for ln in out.splitlines() if "not supported" in ln and _must_be_supported(ln)]
     assert not unsupported, "MTL0 refuses (so the CPU would run) STQ1_0 cases:\n" + "\n".join(unsupported[:20])
     if int(m.group(2)) == 0:
