@@ -10,6 +10,7 @@ BENCHES = {
     "cpu": ("harness.bench_cpu", "CPU matvec time ratios STQ1_0 / TQ2_0 / TQ1_0 / Q4_0"),
     "cuda": ("harness.bench_cuda", "CUDA STQ1_0 vs peers on the lent GPU"),
     "metal": ("harness.bench_metal", "Metal A/B kernels on a Mac"),
+    "spec": ("harness.bench_spec", "cost of the batch-invariant CPU path (llama-bench, AB/BA)"),
 }
 
 

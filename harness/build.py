@@ -26,7 +26,7 @@ from harness.util import HarnessError, run, run_logged, say, which  # noqa: E402
 
 BACKENDS = ("cpu", "metal", "cuda", "metal-emu")
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-completion", "llama-quantize", "llama-bench",
-                   "test-backend-ops", "test-quantize-fns", "ggml", "llama")
+                   "test-backend-ops", "test-quantize-fns", "test-batch-invariance", "ggml", "llama")
 KEEP_BUILDS = 3  # per backend
 
 
