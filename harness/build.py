@@ -28,6 +28,10 @@ BACKENDS = ("cpu", "metal", "cuda", "metal-emu")
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-completion", "llama-quantize", "llama-bench",
                    "test-backend-ops", "test-quantize-fns", "test-batch-invariance", "ggml", "llama")
 KEEP_BUILDS = 3  # per backend
+# kernel files metal-emu translates by default: the ones its tests verify (ops of other files report
+# unsupported); STQ_METAL_EMU_KERNELS=all (or a ;-list) overrides. Compile time is the reason.
+METAL_EMU_KERNELS = ("mul_mv", "mul_mm", "quantize", "norm", "rope", "softmax", "binbcast", "unary",
+                     "fa_aux", "fa_f16", "fa_vec_f16")
 
 
 def default_backend() -> str:
@@ -57,8 +61,10 @@ def backend_flags(backend: str, cuda_arch: str | None = None) -> list[str]:
         if not (cc and cxx):
             raise HarnessError("backend metal-emu needs clang-19/clang++-19 (`./RUNBOOK.sh setup` installs "
                                "them on Debian/Ubuntu)")
+        kernels = os.environ.get("STQ_METAL_EMU_KERNELS", ";".join(METAL_EMU_KERNELS))
         return [f"-DCMAKE_C_COMPILER={cc}", f"-DCMAKE_CXX_COMPILER={cxx}",
-                "-DGGML_METAL=ON", "-DGGML_METAL_EMU=ON", f"-DGGML_METAL_EMU_DIR={emu}"]
+                "-DGGML_METAL=ON", "-DGGML_METAL_EMU=ON", f"-DGGML_METAL_EMU_DIR={emu}",
+                f"-DGGML_METAL_EMU_KERNELS={'' if kernels == 'all' else kernels}"]
     raise HarnessError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
@@ -109,7 +115,7 @@ def build(tree: Path, backend: str = "cpu", targets: tuple[str, ...] | list[str]
           jobs: int | None = None, extra: list[str] | None = None, cuda_arch: str | None = None) -> Path:
     """Configure and build `targets` for `backend`; reuse the keyed build dir when nothing changed."""
     extra = list(extra or [])
-    opts = extra + ([f"cuda_arch={cuda_arch}"] if cuda_arch else [])
+    opts = backend_flags(backend, cuda_arch) + extra  # every cmake option is part of the key
     bdir = config.builds_dir() / f"{backend}-{build_key(tree, backend, opts)}"
     stamp = bdir / ".stq-built.json"
     want = sorted(set(targets))

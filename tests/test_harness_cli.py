@@ -88,3 +88,19 @@ def test_serve_splits_server_arguments(monkeypatch):
                      "--port", "7"]) == 0
     assert seen["binary"] == "/x/llama-server" and seen["port"] == 9
     assert seen["server_args"] == ["-c", "64", "--port", "7"]
+
+
+def test_build_key_covers_backend_options(monkeypatch, tmp_path):
+    import subprocess as sp
+    tree = tmp_path / "t"
+    tree.mkdir()
+    sp.run(["git", "init", "-q", str(tree)], check=True)
+    (tree / "f").write_text("x")
+    sp.run(["git", "-C", str(tree), "add", "f"], check=True)
+    sp.run(["git", "-C", str(tree), "-c", "user.name=T", "-c", "user.email=t@t", "commit", "-qm", "x"], check=True)
+    k = buildmod.build_key(tree, "cpu", [])
+    assert k == buildmod.build_key(tree, "cpu", [])
+    assert k != buildmod.build_key(tree, "cuda", [])
+    assert k != buildmod.build_key(tree, "cpu", ["-DGGML_NATIVE=OFF"])
+    (tree / "f").write_text("y")  # uncommitted edits count
+    assert k != buildmod.build_key(tree, "cpu", [])
