@@ -99,3 +99,29 @@ def random_blocks(rng, nb: int, d_scale: float = 1.0, finite: bool = True) -> np
         d[~np.isfinite(d)] = 1
     b[:, 40:42] = d.view(np.uint8).reshape(nb, 2)
     return b
+
+
+def matrix_blocks(rng, m: int, k: int) -> np.ndarray:
+    """(m, k/256*42) uint8 weight rows: uniformly random codes and sign bits (every byte pattern is a
+    valid group) with finite positive scales in [0.25, 2]."""
+    nb = k // stq1_0.QK
+    b = rng.integers(0, 256, size=(m * nb, stq1_0.BLOCK_BYTES), dtype=np.uint8)
+    d = rng.uniform(0.25, 2.0, m * nb).astype(np.float16)
+    b[:, 40:42] = d.view(np.uint8).reshape(-1, 2)
+    return b.reshape(m, nb * stq1_0.BLOCK_BYTES)
+
+
+def decoded(blocks: np.ndarray, k: int) -> np.ndarray:
+    """The exact weights of `blocks` (numpy reference) as float64 rows of length k."""
+    return stq1_0.decode(blocks.reshape(-1)).reshape(-1, k).astype(np.float64)
+
+
+def nmse(a, ref) -> float:
+    a = np.asarray(a, np.float64)
+    ref = np.asarray(ref, np.float64)
+    return float(((a - ref) ** 2).sum() / max((ref ** 2).sum(), 1e-300))
+
+
+def bits(a) -> np.ndarray:
+    """float32 bit patterns, for bit-exact comparisons (signed zeros count)."""
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)

@@ -24,6 +24,9 @@ import pytest
 from harness import stq1_0 as R
 from harness.ggml import GGML
 
+from stq_helpers import bits, decoded, nmse
+from stq_helpers import matrix_blocks as random_blocks
+
 import stq1_0_mv_order as order
 
 pytestmark = pytest.mark.build
@@ -45,30 +48,6 @@ def g(metal_emu_build):
 @pytest.fixture(scope="module")
 def T(g):
     return g.type_id(R.TYPE_NAME)
-
-
-def random_blocks(rng, m: int, k: int) -> np.ndarray:
-    """(m, k/256*42) uint8: uniformly random codes and sign bits (every byte pattern is a valid
-    group) with finite positive scales."""
-    nb = k // R.QK
-    b = rng.integers(0, 256, size=(m * nb, R.BLOCK_BYTES), dtype=np.uint8)
-    d = rng.uniform(0.25, 2.0, m * nb).astype(np.float16)
-    b[:, 40:42] = d.view(np.uint8).reshape(-1, 2)
-    return b.reshape(m, nb * R.BLOCK_BYTES)
-
-
-def decoded(blocks: np.ndarray, k: int) -> np.ndarray:
-    return R.decode(blocks.reshape(-1)).reshape(-1, k).astype(np.float64)
-
-
-def nmse(a, ref) -> float:
-    a = np.asarray(a, np.float64)
-    ref = np.asarray(ref, np.float64)
-    return float(((a - ref) ** 2).sum() / max((ref ** 2).sum(), 1e-300))
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 # ---------------------------------------------------------------------------------------------
