@@ -53,8 +53,10 @@ def metal_emu_build(pytestconfig) -> Path:
     return _build_or_env(pytestconfig, "metal-emu", "STQ_METAL_EMU_BUILD")
 
 
-# the x86 AVX2 path of the CPU kernels, for machines whose native build takes another (AVX-512, ...)
-AVX2_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+# the x86 AVX2 path of the CPU kernels, for machines whose native build takes another (AVX-512, ...);
+# without OpenMP: this build is loaded beside others in one process (dlmopen), and libgomp's static
+# TLS block does not fit a second namespace once several builds are loaded
+AVX2_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
               "-DGGML_BMI2=ON"]
 
 
