@@ -160,15 +160,27 @@ def _patch(f, plan: Plan) -> None:
     os.fsync(f.fileno())
 
 
-def _copy_to_temp(src: Path, dst_dir: Path, name: str) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=dst_dir)
+def _atomic_copy(src: Path, dest: Path, edit=None) -> None:
+    """Copy ``src`` to ``dest`` through a temp file beside ``dest``: optionally ``edit(f)`` the copy (opened
+    r+b), fsync, rename over ``dest``, fsync the folder. On any failure the temp file is removed and
+    ``dest`` is untouched."""
+    dst_dir = dest.parent if str(dest.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dst_dir)
     os.close(fd)
+    tmp = Path(tmp)
     try:
         shutil.copyfile(src, tmp)
+        with open(tmp, "r+b") as f:
+            if edit is not None:
+                edit(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
     except BaseException:
-        os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
         raise
-    return Path(tmp)
+    _fsync_dir(dst_dir)
 
 
 def apply(plan: Plan, output=None, backup: bool = True, backup_path=None, force: bool = False) -> Path | None:
@@ -189,33 +201,19 @@ def apply(plan: Plan, output=None, backup: bool = True, backup_path=None, force:
             raise HarnessError(f"{out}: --output is the input file; leave --output out to patch in place")
         if out.exists() and not force:
             raise HarnessError(f"{out}: exists; pass --force to replace it")
-        tmp = _copy_to_temp(src, out.parent if str(out.parent) else Path("."), out.name)
-        try:
-            with open(tmp, "r+b") as f:
-                _verify_fields(f, plan, src)
-                _patch(f, plan)
-            os.replace(tmp, out)
-        except BaseException:
-            if tmp.exists():
-                tmp.unlink()
-            raise
-        _fsync_dir(out.parent)
+
+        def edit(f):
+            _verify_fields(f, plan, src)
+            _patch(f, plan)
+
+        _atomic_copy(src, out, edit)
         return None
     bak = None
     if backup:
         bak = Path(backup_path) if backup_path else src.with_name(src.name + ".bak")
         if bak.exists():
             raise HarnessError(f"{bak}: backup file exists already; move it away or pass --backup-path")
-        tmp = _copy_to_temp(src, bak.parent, bak.name)
-        try:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, bak)
-        except BaseException:
-            if tmp.exists():
-                tmp.unlink()
-            raise
-        _fsync_dir(bak.parent)
+        _atomic_copy(src, bak)
     with open(src, "r+b") as f:
         _verify_fields(f, plan, src)
         _patch(f, plan)
