@@ -10,6 +10,12 @@ each round runs REPS calls per type, the types in forward order on even rounds a
 odd rounds (balanced AB/BA), and keeps the median per type and round. The reported ratio is the
 median over rounds of time(STQ1_0) / time(other) within the same round. Ratios < 1 mean STQ1_0 is
 faster. Never a pass/fail: numbers to record in NOTES.md with the command, machine and date.
+
+Weights are placed as llama.cpp places model weights by default (--buffers default): in the CPU
+backend's repack buffer (CPU_REPACK) where it takes the type and shape, else in a plain CPU buffer.
+--buffers plain forces plain buffers (the vec_dot path of every type); --buffers both times every
+type both ways in the same process ("TYPE" and "TYPE:plain"). The buffer each entry went to is
+printed ("path" lines) and shown in the table header.
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ def compile_driver(build: Path, cc: str | None) -> Path:
 
 
 def run_shape(driver: Path, m: int, k: int, threads: int, rounds: int, reps: int,
-              types: list[str]) -> dict[str, list[float]]:
+              types: list[str], paths: dict[str, str] | None = None) -> dict[str, list[float]]:
     cmd = [str(driver), str(m), str(k), "1", str(threads), str(rounds), str(reps), *types]
     p = subprocess.run(cmd, text=True, capture_output=True)
     if p.returncode != 0:
@@ -89,6 +95,8 @@ def run_shape(driver: Path, m: int, k: int, threads: int, rounds: int, reps: int
         parts = line.split()
         if len(parts) == 4 and parts[0] == "round":
             per_round.setdefault(int(parts[1]), {})[parts[2]] = float(parts[3])
+        elif len(parts) == 3 and parts[0] == "path" and paths is not None:
+            paths[parts[1]] = parts[2]
     times: dict[str, list[float]] = {t: [] for t in types}
     for r in sorted(per_round):
         for t in types:
@@ -114,10 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=8, help="AB/BA rounds per shape (default 8, even)")
     ap.add_argument("--reps", type=int, default=0,
                     help="timed calls per type and round (default: about 0.1 s worth, at least 5)")
+    ap.add_argument("--buffers", choices=("default", "plain", "both"), default="default",
+                    help="weights as llama.cpp places them (default: CPU_REPACK where supported), in plain "
+                         "CPU buffers (plain), or each type both ways (both)")
     ap.add_argument("--cc", default=None, help="C compiler for the driver (default: $CC, cc, clang, gcc)")
     args = ap.parse_args(argv)
 
     types = [t.strip().lower() for t in args.types.split(",") if t.strip()]
+    if args.buffers == "plain":
+        types = [f"{t}:plain" for t in types]
+    elif args.buffers == "both":
+        types = [v for t in types for v in (t, f"{t}:plain")]
     if len(types) < 2:
         ap.error("--types needs a candidate and at least one baseline")
     if args.rounds < 2:
@@ -134,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     say(f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus; build {build}")
     say(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; rounds {args.rounds}")
     rows = []
+    paths: dict[str, str] = {}
     for (m, k) in args.shapes:
         for th in args.threads:
             reps = args.reps or max(5, min(200, int(0.1e6 / max(1.0, m * k / 4e3 / th))))
-            times = run_shape(driver, m, k, th, args.rounds, reps, types)
+            times = run_shape(driver, m, k, th, args.rounds, reps, types, paths)
             med = {t: statistics.median(v) for t, v in times.items()}
             ratios = {t: statistics.median(a / b for a, b in zip(times[cand], times[t])) for t in types[1:]}
             rows.append((m, k, th, reps, med, ratios))
@@ -145,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             line += "  |  " + "  ".join(f"{cand}/{t} {ratios[t]:.3f}" for t in types[1:])
             print(line, flush=True)
 
+    print()
+    print("buffers: " + ", ".join(f"{t} -> {paths.get(t, '?')}" for t in types))
     print()
     print("| shape (MxK) | threads | " + " | ".join(f"{t} us" for t in types) + " | " +
           " | ".join(f"{cand}/{t}" for t in types[1:]) + " |")

@@ -54,3 +54,24 @@ def test_unknown_type_is_a_clear_error(cpu_build):
     with pytest.raises(bench_cpu.HarnessError, match="unknown type 'nope'"):
         bench_cpu.main(["--build", str(cpu_build), "--shapes", "256x256", "--threads", "1",
                         "--rounds", "2", "--reps", "1", "--types", "stq1_0,nope"])
+
+
+def test_buffers_both_reports_each_path(cpu_build, capsys):
+    """--buffers both times every type as llama.cpp places it and in a plain buffer, and says where
+    each went: on x86 with AVX2, STQ1_0 (rows a multiple of 16) goes to CPU_REPACK (patch 0042)."""
+    import platform
+
+    rc = bench_cpu.main(["--build", str(cpu_build), "--shapes", "64x512", "--threads", "1",
+                         "--rounds", "2", "--reps", "2", "--types", "stq1_0,tq2_0", "--buffers", "both"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    line = next((l for l in out.splitlines() if l.startswith("buffers: ")), None)
+    assert line, out
+    paths = dict(item.split(" -> ") for item in line[len("buffers: "):].split(", "))
+    assert set(paths) == {"stq1_0", "stq1_0:plain", "tq2_0", "tq2_0:plain"}, line
+    assert paths["stq1_0:plain"] == paths["tq2_0:plain"] == paths["tq2_0"] == "CPU", line
+    if platform.machine() in ("x86_64", "AMD64") and "avx2" in open("/proc/cpuinfo").read():
+        assert paths["stq1_0"] == "CPU_REPACK", line
+    row = next(l for l in out.splitlines() if l.startswith("| 64x512 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 2 + 4 + 3, row  # shape, threads, 4 times, 3 ratios
