@@ -27,6 +27,8 @@ harness's ``cpu_build``).  What is compared, and how exactly:
 from __future__ import annotations
 
 import ctypes as C
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,35 +84,50 @@ def test_layer_on_plain_types(stq_cpu_build):
         lib.close()
 
 
+SECOND_BUILD_CHECK = """
+import shutil, sys
+from pathlib import Path
+import numpy as np
+from harness import ggml
+build, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+first = ggml.GGML(build)
+(tmp / "bin").mkdir()
+for p in first.paths.values():
+    for f in p.parent.glob(p.name + "*"):
+        shutil.copy2(f, tmp / "bin" / f.name, follow_symlinks=True)
+second = ggml.GGML(tmp)
+assert second._dl is not None and first._dl is None, "the copy was not loaded into a namespace of its own"
+second.self_check()
+rng = np.random.default_rng(3)
+w = rng.standard_normal((5, 64)).astype(np.float32)
+q8_0 = first.type_id("q8_0")
+assert (first.quantize(q8_0, w) == second.quantize(q8_0, w)).all()
+x = rng.standard_normal((2, 64)).astype(np.float32)
+f32_ = first.type_id("f32")
+np.testing.assert_array_equal(first.mul_mat(f32_, w, 64, 5, x), second.mul_mat(f32_, w, 64, 5, x))
+first.close()
+second.close()
+print("OK: two builds side by side")
+"""
+
+
 def test_second_build_in_one_process(stq_cpu_build, tmp_path):
     """A second build (here: a copy of the libraries at another path) loads beside the first one,
-    in its own link-map namespace, and both work."""
-    import shutil
-    import sys
+    in its own link-map namespace, and both work.
 
-    from harness import ggml
+    Run in a child process: a namespace made by dlmopen brings its own copy of libc, and when the
+    build uses OpenMP, that copy's libgomp threads leave the parent's libc in a state where later
+    OpenSSL hashing (hashlib on a large file) segfaults; other tests in this session hash files."""
+    import subprocess
+    import sys
 
     if not sys.platform.startswith("linux"):
         pytest.skip("dlmopen namespaces are a glibc feature")
-    first = ggml.GGML(stq_cpu_build)
-    (tmp_path / "bin").mkdir()
-    for p in first.paths.values():
-        for f in p.parent.glob(p.name + "*"):
-            shutil.copy2(f, tmp_path / "bin" / f.name, follow_symlinks=True)
-    second = ggml.GGML(tmp_path)
-    try:
-        assert second._dl is not None or first._dl is not None
-        second.self_check()
-        rng = np.random.default_rng(3)
-        w = rng.standard_normal((5, 64)).astype(np.float32)
-        q8_0 = first.type_id("q8_0")
-        assert (first.quantize(q8_0, w) == second.quantize(q8_0, w)).all()
-        x = rng.standard_normal((2, 64)).astype(np.float32)
-        f32_ = first.type_id("f32")
-        np.testing.assert_array_equal(first.mul_mat(f32_, w, 64, 5, x), second.mul_mat(f32_, w, 64, 5, x))
-    finally:
-        first.close()
-        second.close()
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-c", SECOND_BUILD_CHECK, str(stq_cpu_build), str(tmp_path)],
+                       cwd=root, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(root)))
+    assert r.returncode == 0 and "OK" in r.stdout, f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
 
 
 def test_layer_errors(tmp_path):
