@@ -30,13 +30,28 @@ GROUPS = [
     ("soft_max",       "SOFT_MAX",       r"type=f32"),
     ("add_mul",        "ADD,MUL",        r"type=f32"),
     ("glu",            "SWIGLU,GEGLU,REGLU", r"type=f32"),
+    # f16 K/V, head sizes 64/128/256 (Gemma 3: 256, Hy4: 128), GQA (nr23=[4,1]), sinks, KV length
+    # 113 (padded last block) and 512, batch 1 and 3 (vec kernels: NE = 2/1, reduce over 32
+    # workgroups) and 32 (simdgroup-matrix kernel); the vec (Q,NE) slice of test-backend-ops
+    # (dk 128 and 576, NE 1/2/4, Q 1/2/4, nsg 1 and 4) runs with it
+    ("flash_attn_ext", "FLASH_ATTN_EXT", r"hsk=(64|128|256),hsv=(64|128|256),nh=4,nr23=\[(1|4),1\],kv=(113|512),"
+                                         r"nb=(1|3|32),mask=1,sinks=(0|1),max_bias=0.000000,logit_softcap=0.000000,"
+                                         r"prec=f32,type_K=f16,type_V=f16,permute=\[0,1,2,3\]"),
+    # no mask, ALiBi, logit softcap, f16 precision; Gemma 4's 512 and the MLA 576/512 head sizes
+    ("flash_attn_ext_flags", "FLASH_ATTN_EXT", r"(hsk=128,hsv=128,nh=4,nr23=\[1,1\],kv=113,nb=(1|32),mask=(0|1),sinks=0,"
+                                               r"max_bias=(0|8).000000,logit_softcap=(0|10).000000,prec=(f32|def),"
+                                               r"type_K=f16,type_V=f16,permute=\[0,1,2,3\]"
+                                               r"|hsk=(512|576),hsv=512,nh=(1|4),nr23=\[1,1\],kv=113,nb=(1|32),mask=1,sinks=0,"
+                                               r"max_bias=0.000000,logit_softcap=0.000000,prec=f32,type_K=f16)"),
 ]
 
-# known gaps: emulated but not matching the CPU yet, so the device reports them unsupported;
-# the test checks that no such case is ever reported as passed
+# known gaps: not verified on the emulator, so the device reports them unsupported; the test checks
+# that no such case is ever reported as passed
 GAPS = [
-    ("flash_attn_ext", "FLASH_ATTN_EXT", r"hsk=(64|128),hsv=(64|128),nh=4,.*type_K=f16,type_V=f16"),
+    ("flash_attn_ext_quant_kv", "FLASH_ATTN_EXT", r"hsk=64,hsv=64,nh=4,nr23=\[1,1\],kv=113,nb=1,.*type_K=(q8_0|q4_0)"),
 ]
+
+SLICE = re.compile(r"fa_vec \(Q,NE\) slice: (\d+) cases run, (\d+) failed")
 
 LINE = re.compile(r"^\s+(\S+\(.*\)): (.*)$")
 
@@ -45,7 +60,7 @@ def _strip(s):
     return re.sub(r"\x1b\[[0-9;]*m", "", s)
 
 
-def run_group(build, ops, params, timeout=1800):
+def run_group(build, ops, params, timeout=1800, env=None):
     exe = build / "bin" / "test-backend-ops"
     if not exe.exists():
         pytest.fail(f"{exe} does not exist (build the test-backend-ops target)")
@@ -54,7 +69,8 @@ def run_group(build, ops, params, timeout=1800):
         cmd += ["-p", params]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                       env=dict(os.environ, GGML_METAL_EMU_THREADS=os.environ.get("GGML_METAL_EMU_THREADS", "2")))
+                       env=dict(os.environ, GGML_METAL_EMU_THREADS=os.environ.get("GGML_METAL_EMU_THREADS", "2"),
+                                **(env or {})))
     dt = time.time() - t0
     out = _strip(r.stdout + r.stderr)
     res = {"ok": 0, "fail": 0, "unsupported": 0}
@@ -72,13 +88,17 @@ def run_group(build, ops, params, timeout=1800):
         elif status.startswith("not supported"):
             res["unsupported"] += 1
     failed += [_strip(l).strip() for l in out.splitlines() if "ERR =" in l]
+    m = SLICE.search(out)
+    if m:  # test-backend-ops' FA vec slice prints failures only, and a summary
+        res["slice_run"], res["slice_fail"] = int(m.group(1)), int(m.group(2))
     return r.returncode, res, failed, dt, out, cmd
 
 
 @pytest.mark.parametrize("gid,ops,params", GROUPS, ids=[g[0] for g in GROUPS])
 def test_backend_ops_metal_emu(metal_emu_build, gid, ops, params):
     rc, res, failed, dt, out, cmd = run_group(metal_emu_build, ops, params)
-    print(f"\n[metal-emu] {gid}: {res['ok']} ok, {res['fail']} failed, {res['unsupported']} unsupported, {dt:.1f} s")
+    slice = f", vec slice {res['slice_run'] - res['slice_fail']}/{res['slice_run']} ok" if "slice_run" in res else ""
+    print(f"\n[metal-emu] {gid}: {res['ok']} ok, {res['fail']} failed, {res['unsupported']} unsupported{slice}, {dt:.1f} s")
     assert "metal-emu" in out, "the MTL0 backend of this build is not the emulator"
     assert res["fail"] == 0 and rc == 0, (f"{' '.join(cmd)} failed (rc {rc}):\n" + "\n".join(failed[:40])
                                           + "\n--- tail ---\n" + out[-3000:])
@@ -87,7 +107,22 @@ def test_backend_ops_metal_emu(metal_emu_build, gid, ops, params):
 
 @pytest.mark.parametrize("gid,ops,params", GAPS, ids=[g[0] for g in GAPS])
 def test_backend_ops_metal_emu_gaps_unsupported(metal_emu_build, gid, ops, params):
-    rc, res, failed, dt, out, cmd = run_group(metal_emu_build, ops, params)
+    rc, res, failed, dt, out, cmd = run_group(metal_emu_build, ops, params, env={"LLAMA_TEST_FA_VEC_DISABLE": "1"})
     print(f"\n[metal-emu] gap {gid}: {res['ok']} ok, {res['fail']} failed, {res['unsupported']} unsupported, {dt:.1f} s")
     assert res["ok"] == 0 and res["fail"] == 0, f"{ops} is a known gap and must be reported unsupported:\n{out[-3000:]}"
     assert res["unsupported"] > 0
+
+
+def test_flash_attn_ext_needs_lockstep(metal_emu_build):
+    """The FA vec kernels rely on lockstep SIMD-group execution (lane 0 overwrites ss[0..1] right after
+    the other lanes read them, with no simdgroup_barrier): with the emulator's lockstep points off
+    (GGML_METAL_EMU_LOCKSTEP=0) the NE = 1 kernel (dk = 128) must fail, so the FA group can fail."""
+    params = (r"hsk=128,hsv=128,nh=4,nr23=\[1,1\],kv=113,nb=1,mask=1,sinks=0,max_bias=0.000000,"
+              r"logit_softcap=0.000000,prec=f32,type_K=f16,type_V=f16,permute=\[0,1,2,3\]")
+    env = {"LLAMA_TEST_FA_VEC_DISABLE": "1"}
+    rc, res, failed, dt, out, cmd = run_group(metal_emu_build, "FLASH_ATTN_EXT", params, env=env)
+    assert rc == 0 and res["ok"] == 1 and res["fail"] == 0, out[-3000:]
+    rc, res, failed, dt, out, cmd = run_group(metal_emu_build, "FLASH_ATTN_EXT", params,
+                                              env=dict(env, GGML_METAL_EMU_LOCKSTEP="0"))
+    print(f"\n[metal-emu] FA without lockstep points: {res['ok']} ok, {res['fail']} failed, {dt:.1f} s")
+    assert rc != 0 and res["fail"] == 1, out[-3000:]

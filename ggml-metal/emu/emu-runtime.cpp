@@ -7,6 +7,7 @@
 // - threadgroups of a dispatch are spread over a pool of worker threads
 // - threadgroup memory is filled with a poison pattern before every threadgroup
 // - env GGML_METAL_EMU_THREADS (workers), GGML_METAL_EMU_ORDER=fwd|rev|shuffle (lane resume order)
+// - lockstep points around lane-dependent branches (emu_simd_lockstep; GGML_METAL_EMU_LOCKSTEP=0 off)
 
 #include "emu-runtime.h"
 
@@ -146,6 +147,8 @@ struct sg_state {
     uint32_t mask;         // lanes whose deposits the current SIMD operation reads
     uint32_t exited;       // lanes that exited since the last release (leave 'mask' at the next one)
     uint64_t coll_done;
+    int      ls_arrived;   // lanes waiting at a lockstep point (emu_simd_lockstep)
+    uint64_t ls_gen;
     alignas(64) uint8_t slots[2][32*EMU_SIMD_SLOT_BYTES];
     alignas(64) float coll_result[64];
 };
@@ -245,6 +248,12 @@ void sg_release(sg_state & s, worker * w) {
     w->progress++;
 }
 
+void ls_release(sg_state & s, worker * w) {
+    s.ls_arrived = 0;
+    s.ls_gen++;
+    w->progress++;
+}
+
 void tg_release(worker * w) {
     w->tg_arrived = 0;
     w->tg_gen++;
@@ -257,6 +266,7 @@ void fiber_exit(worker * w, fiber * f) {
     s.active--;
     s.exited |= 1u << f->lane; // lanes still reading the last operation need this lane's deposit
     if (s.arrived > 0 && s.arrived >= s.active) sg_release(s, w);
+    if (s.ls_arrived > 0 && s.ls_arrived >= s.active) ls_release(s, w);
     w->tg_active--;
     if (w->tg_arrived > 0 && w->tg_arrived >= w->tg_active) tg_release(w);
     w->progress++;
@@ -337,6 +347,7 @@ void run_threadgroup(worker * w, const emu_dispatch * d, uint32_t x, uint32_t y,
         sg.mask = sg.active == 32 ? 0xffffffffu : ((1u << sg.active) - 1);
         sg.exited = 0;
         sg.coll_done = 0;
+        sg.ls_arrived = 0;
         memset(sg.slots, POISON, sizeof(sg.slots));
     }
     // poison threadgroup memory (dispatch-declared and kernel-declared)
@@ -380,6 +391,16 @@ void run_threadgroup(worker * w, const emu_dispatch * d, uint32_t x, uint32_t y,
             }
         }
         if (live > 0 && all_waiting && w->progress == p0) {
+            // lockstep points are best effort: lanes waiting at one while the others wait at a
+            // barrier or SIMD-group operation (divergent code) are let go
+            bool freed = false;
+            for (int s = 0; s < w->n_sg; ++s) {
+                if (w->sgs[s].ls_arrived > 0) {
+                    ls_release(w->sgs[s], w);
+                    freed = true;
+                }
+            }
+            if (freed) continue;
             emu_fatal("deadlock: every live thread waits at a barrier or SIMD-group operation that the others never reach");
         }
     }
@@ -547,6 +568,36 @@ void emu_tg_barrier(void) {
     const uint64_t g = w->tg_gen;
     f->waiting = true;
     while (w->tg_gen == g) yield_to_sched(w);
+    f->waiting = false;
+}
+
+// Apple GPUs run the lanes of a SIMD group in lockstep, and upstream kernels rely on it: e.g.
+// kernel_flash_attn_ext_vec lets lane 0 overwrite ss[0..1] with S and M right after the other lanes
+// read ss[] in the V loop, with no simdgroup_barrier in between (NE = 1 variants, and the
+// cross-simdgroup reduction). Fibers run one lane at a time between synchronisation points, so the
+// translator brackets every lane-dependent `if` of a kernel body with this call: all active lanes
+// of the SIMD group reach the branch together and leave it together, as in lockstep execution.
+// GGML_METAL_EMU_LOCKSTEP=0 turns it off (to find kernels that depend on it).
+static int g_lockstep = -1;
+
+void emu_simd_lockstep(void) {
+    if (__builtin_expect(g_lockstep < 0, 0)) {
+        const char * e = getenv("GGML_METAL_EMU_LOCKSTEP");
+        g_lockstep = (e && strcmp(e, "0") == 0) ? 0 : 1;
+    }
+    if (!g_lockstep) return;
+    worker * w = W;
+    fiber * f = w->cur;
+    sg_state & s = w->sgs[f->sg];
+    if (s.active <= 1) return;
+    s.ls_arrived++;
+    if (s.ls_arrived >= s.active) {
+        ls_release(s, w);
+        return;
+    }
+    const uint64_t g = s.ls_gen;
+    f->waiting = true;
+    while (s.ls_gen == g) yield_to_sched(w);
     f->waiting = false;
 }
 

@@ -12,6 +12,7 @@
 // --- used by translated kernels ---------------------------------------------------------------
 void   emu_tg_barrier(void);
 void   emu_simd_sync(void);
+void   emu_simd_lockstep(void);   // lockstep point before/after a lane-dependent branch
 void * emu_simd_exchange_raw(const void * v, size_t n);
 uint32_t emu_simd_active_mask(void);
 int    emu_lane(void);

@@ -380,6 +380,21 @@ void ggml_metal_device_get_memory(ggml_metal_device_t dev, size_t * free, size_t
 // (one source of truth for what the Metal backend claims), renamed to ..._upstream
 #include "emu-supports-op.inc"
 
+// FLASH_ATTN_EXT (K, V head sizes) that passed test-backend-ops on the emulator with f16 K/V (NOTES.md,
+// "metal-emu: FLASH_ATTN_EXT (issue 4, session 2)")
+static bool emu_fa_head_size_verified(int64_t dk, int64_t dv) {
+    static const int64_t verified[][2] = {
+        {  40,  40 }, {  64,  64 }, {  72,  72 }, {  80,  80 }, {  96,  64 }, {  96,  96 }, { 128, 128 },
+        { 192, 128 }, { 192, 192 }, { 256, 256 }, { 320, 256 }, { 512, 512 }, { 576, 512 },
+    };
+    for (const auto & v : verified) {
+        if (v[0] == dk && v[1] == dv) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // ops verified on the emulator with test-backend-ops, and the kernel files they need; everything
 // else is reported as unsupported (GGML_METAL_EMU_ALL_OPS=1 lifts the op list, not the file check)
 static bool emu_op_files(const struct ggml_tensor * op, bool all_ops, const char ** files, int * n) {
@@ -427,9 +442,15 @@ static bool emu_op_files(const struct ggml_tensor * op, bool all_ops, const char
             need("unary");
             return all_ops || ggml_get_unary_op(op) == GGML_UNARY_OP_GELU || ggml_get_unary_op(op) == GGML_UNARY_OP_SILU;
         case GGML_OP_FLASH_ATTN_EXT:
-            // the vec kernels (few query rows) do not match the CPU yet: unsupported unless asked for
-            if (!all_ops && getenv("GGML_METAL_EMU_FA") == nullptr) {
-                return false;
+            // verified with test-backend-ops (tests/test_metal_emu_ops.py): f16 K and V, the head sizes
+            // of emu_fa_head_size_verified(); other K/V types (fa_<type> files) are not verified yet.
+            // GGML_METAL_EMU_FA=0 reports FA unsupported (llama.cpp then runs attention unfused)
+            if (!all_ops) {
+                static const bool fa_off = getenv("GGML_METAL_EMU_FA") && strcmp(getenv("GGML_METAL_EMU_FA"), "0") == 0;
+                if (fa_off || op->src[1]->type != GGML_TYPE_F16 || op->src[2]->type != GGML_TYPE_F16 ||
+                    !emu_fa_head_size_verified(op->src[1]->ne[0], op->src[2]->ne[0])) {
+                    return false;
+                }
             }
             {
                 static char fa[32][64];

@@ -13,6 +13,9 @@ internal includes removed, ggml-common.h and ggml-metal-impl.h inlined), then re
   - C-style and functional casts to vector/matrix/template types become emu_cvt/emu_make
     (element-wise conversion, never a bit cast); pointer casts become checked emu_pcast
   - half literals (1.0h) become a user literal
+  - in kernel bodies, every if(-else) whose condition depends on the lane (thread-position builtins
+    and const locals computed from them) is bracketed by emu_simd_lockstep() calls, so the lanes of
+    a SIMD group enter and leave lane-dependent branches together, as in lockstep GPU execution
 
 usage: msl2cpp.py --ggml-metal-dir DIR --kernel NAME --out FILE [--parts K --part I]
        msl2cpp.py --index --out FILE NAME:K [NAME:K ...]
@@ -150,6 +153,9 @@ BUILTIN_KINDS = {
     "threads_per_simdgroup": "EMU_ARG_NTPSG",
 }
 
+# builtins whose value differs between the lanes of a SIMD group
+LANE_KINDS = {"EMU_ARG_TPITG", "EMU_ARG_TIITG", "EMU_ARG_TIISG", "EMU_ARG_TPIG"}
+
 SCALARS = ["float", "half", "bfloat", "int", "uint", "short", "ushort", "char", "uchar", "long", "ulong", "bool"]
 VEC_TYPES = set()
 for t in SCALARS:
@@ -182,6 +188,7 @@ class Translator:
         self.parts = parts
         self.part = part
         self.kinds = {}        # kernel function -> list of (kind, idx)
+        self.lane_params = {}  # kernel function -> names of its lane-varying builtin parameters
         self.fcs = []          # (name, idx expr)
         self.n_inst = 0
         self.type_names = set(VEC_TYPES)
@@ -209,6 +216,7 @@ class Translator:
         kinds = []
         nbuf = 0
         new_params = []
+        lanes = []
         for p in split_top(params):
             attrs = re.findall(r"\[\[\s*([\w]+)\s*(?:\(([^)]*)\))?\s*\]\]", p)
             clean = re.sub(r"\[\[[^\]]*\]\]", "", p)
@@ -226,9 +234,14 @@ class Translator:
                 nbuf += 1
             kinds.append(kind)
             new_params.append(clean)
+            if kind[0] in LANE_KINDS:
+                names = re.findall(r"\w+", clean)
+                if names:
+                    lanes.append(names[-1])
         if fname in self.kinds and self.kinds[fname] != kinds:
             fail(f"{self.name}: kernel {fname} declared twice with different arguments")
         self.kinds[fname] = kinds
+        self.lane_params[fname] = lanes
         return ",".join(new_params)
 
     def emit_instance(self, host_name, fexpr, fname):
@@ -277,12 +290,94 @@ class Translator:
                 k += 1
             if s[k] == "{":
                 end = match_paren(s, k, "{", "}")
-                out.append(s[j:end + 1])
+                out.append(s[j:k] + self.do_lockstep(s[k:end + 1], self.lane_params[fname]))
                 if not is_template:
                     out.append(self.emit_instance(m1.group(2) or fname, fname, fname))
                 i = end + 1
             else:
                 i = j
+        return "".join(out)
+
+    # -- lockstep points around lane-dependent branches (see emu_simd_lockstep in emu-runtime.cpp)
+    def do_lockstep(self, body, lanes):
+        """wrap every if(-else) statement of a kernel body whose condition depends on the lane
+        (a thread-position builtin, or a const local computed from one) in lockstep points"""
+        if not lanes:
+            return body
+        names = set(lanes)
+        decl = re.compile(r"\bconst\s+(?:[\w:]+\s+)+(\w+)\s*=\s*([^;{}]*);")
+        for _ in range(3):  # lane-derived const locals, e.g. 'const short tx = tiisg%NL;'
+            for m in decl.finditer(body):
+                if re.search(r"\b(%s)\b" % "|".join(sorted(names)), m.group(2)):
+                    names.add(m.group(1))
+        lane_rx = re.compile(r"\b(%s)\b" % "|".join(sorted(names)))
+        if_rx = re.compile(r"(?<![\w.])if\s*\(")
+
+        def skip_ws(i):
+            while i < len(body) and body[i] in " \t\n":
+                i += 1
+            return i
+
+        def stmt_end(i):
+            """index after the statement starting at body[i] (after white space)"""
+            i = skip_ws(i)
+            if body[i] == "{":
+                return match_paren(body, i, "{", "}") + 1
+            m = re.match(r"(if|for|while|FOR_UNROLL|switch)\s*\(", body[i:])
+            if m:
+                c = match_paren(body, i + m.end() - 1)
+                e = stmt_end(c + 1)
+                if m.group(1) == "if":
+                    k = skip_ws(e)
+                    if re.match(r"else\b", body[k:]):
+                        e = stmt_end(k + 4)
+                return e
+            depth = 0
+            while True:
+                c = body[i]
+                if c in "([{":
+                    depth += 1
+                elif c in ")]}":
+                    depth -= 1
+                elif c == ";" and depth == 0:
+                    return i + 1
+                i += 1
+
+        def chain_conds(i):
+            """conditions of the if / else if chain starting at body[i] == 'if'"""
+            conds = []
+            while True:
+                o = body.index("(", i)
+                c = match_paren(body, o)
+                conds.append(body[o + 1:c])
+                e = stmt_end(c + 1)
+                k = skip_ws(e)
+                m = re.match(r"else\s+if\s*\(", body[k:])
+                if not m:
+                    return conds
+                i = skip_ws(k + 4)
+
+        out = []
+        i = 0
+        while True:
+            m = if_rx.search(body, i)
+            if not m:
+                out.append(body[i:])
+                break
+            before = body[:m.start()].rstrip()
+            if before.endswith("else"):  # part of a chain handled at its first 'if'
+                out.append(body[i:m.end()])
+                i = m.end()
+                continue
+            conds = chain_conds(m.start())
+            if any(lane_rx.search(c) for c in conds):
+                e = stmt_end(m.start())
+                out.append(body[i:m.start()])
+                out.append("{ emu_simd_lockstep(); " + body[m.start():e] + " emu_simd_lockstep(); }")
+                i = e
+            else:
+                out.append(body[i:m.end()])
+                i = m.end()
         return "".join(out)
 
     # -- threadgroup arrays in bodies
