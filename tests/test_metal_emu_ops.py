@@ -96,13 +96,17 @@ def run_group(build, ops, params, timeout=1800, env=None):
 
 @pytest.mark.parametrize("gid,ops,params", GROUPS, ids=[g[0] for g in GROUPS])
 def test_backend_ops_metal_emu(metal_emu_build, gid, ops, params):
-    rc, res, failed, dt, out, cmd = run_group(metal_emu_build, ops, params)
+    # test-backend-ops runs its FA vec slice with every FLASH_ATTN_EXT selection: once is enough
+    env = {} if gid == "flash_attn_ext" else {"LLAMA_TEST_FA_VEC_DISABLE": "1"}
+    rc, res, failed, dt, out, cmd = run_group(metal_emu_build, ops, params, env=env)
     slice = f", vec slice {res['slice_run'] - res['slice_fail']}/{res['slice_run']} ok" if "slice_run" in res else ""
     print(f"\n[metal-emu] {gid}: {res['ok']} ok, {res['fail']} failed, {res['unsupported']} unsupported{slice}, {dt:.1f} s")
     assert "metal-emu" in out, "the MTL0 backend of this build is not the emulator"
     assert res["fail"] == 0 and rc == 0, (f"{' '.join(cmd)} failed (rc {rc}):\n" + "\n".join(failed[:40])
                                           + "\n--- tail ---\n" + out[-3000:])
     assert res["ok"] > 0, f"no {ops} case ran on MTL0 (all unsupported?):\n{out[-3000:]}"
+    if gid == "flash_attn_ext":
+        assert res.get("slice_run", 0) > 0 and res["slice_fail"] == 0, f"FA vec slice did not run or failed:\n{out[-3000:]}"
 
 
 @pytest.mark.parametrize("gid,ops,params", GAPS, ids=[g[0] for g in GAPS])
@@ -124,5 +128,6 @@ def test_flash_attn_ext_needs_lockstep(metal_emu_build):
     assert rc == 0 and res["ok"] == 1 and res["fail"] == 0, out[-3000:]
     rc, res, failed, dt, out, cmd = run_group(metal_emu_build, "FLASH_ATTN_EXT", params,
                                               env=dict(env, GGML_METAL_EMU_LOCKSTEP="0"))
-    print(f"\n[metal-emu] FA without lockstep points: {res['ok']} ok, {res['fail']} failed, {dt:.1f} s")
-    assert rc != 0 and res["fail"] == 1, out[-3000:]
+    n_err = sum("ERR =" in f for f in failed)
+    print(f"\n[metal-emu] FA without lockstep points: {res['ok']} ok, {n_err} failed, {dt:.1f} s")
+    assert rc != 0 and res["ok"] == 0 and n_err == 1, out[-3000:]
