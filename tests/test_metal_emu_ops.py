@@ -30,6 +30,11 @@ GROUPS = [
     ("soft_max",       "SOFT_MAX",       r"type=f32"),
     ("add_mul",        "ADD,MUL",        r"type=f32"),
     ("glu",            "SWIGLU,GEGLU,REGLU", r"type=f32"),
+    # bf16 (has_bfloat with GGML_METAL_EMU_BF16=ON, the default): mul_mv, mul_mv_ext, mul_mm, MUL_MAT_ID,
+    # GET_ROWS, CPY to and from f32
+    ("bf16",           "MUL_MAT,MUL_MAT_ID,GET_ROWS,CPY",
+                       r"type_a=bf16,type_b=f32,m=16,n=(1|2|4|9|16),k=256|type_a=bf16,type_b=f32,n_mats=4,n_used=(1|2),"
+                       r"b=.,m=512,n=(1|4|32),k=256|type=bf16,n=(1|256),m=(5|8)|type_src=(f32|bf16),type_dst=(f32|bf16)"),
     # f16 K/V, head sizes 64/128/256 (Gemma 3: 256, Hy4: 128), GQA (nr23=[4,1]), sinks, KV length
     # 113 (padded last block) and 512, batch 1 and 3 (vec kernels: NE = 2/1, reduce over 32
     # workgroups) and 32 (simdgroup-matrix kernel); the vec (Q,NE) slice of test-backend-ops

@@ -7,6 +7,8 @@
 #   GGML_METAL_EMU_KERNELS   list of kernels/<name>.metal files to translate (default: all)
 #   GGML_METAL_EMU_SANITIZE  build the kernels and the runtime with -fsanitize=address,undefined
 #   GGML_METAL_EMU_STRICT_ALIGN  natural (GPU) alignment for vector types, reported by checked casts
+#   GGML_METAL_EMU_BF16      translate the bfloat kernels (GGML_METAL_HAS_BF16, as for a Metal 3.1
+#                            device) and report has_bfloat (default ON; OFF: has_bfloat = false)
 
 if (NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang" OR CMAKE_CXX_COMPILER_VERSION VERSION_LESS 19)
     message(FATAL_ERROR "GGML_METAL_EMU needs clang >= 19 as the C++ compiler (_Float16/__bf16 on x86-64, "
@@ -37,6 +39,7 @@ set(EMU_ALL_KERNELS
 set(GGML_METAL_EMU_KERNELS "" CACHE STRING "metal-emu: kernel files to translate (empty: all)")
 option(GGML_METAL_EMU_SANITIZE     "metal-emu: ASan+UBSan for kernels and runtime" OFF)
 option(GGML_METAL_EMU_STRICT_ALIGN "metal-emu: natural alignment of vector types" OFF)
+option(GGML_METAL_EMU_BF16         "metal-emu: bfloat kernels and has_bfloat" ON)
 
 set(EMU_KERNEL_DEPS
     ${CMAKE_CURRENT_SOURCE_DIR}/kernels/common.h
@@ -114,6 +117,11 @@ set_source_files_properties(ggml-metal.cpp ggml-metal-device.cpp ggml-metal-ops.
 set(EMU_KERNEL_FLAGS -O2 -march=native -fmax-type-align=8 -Wno-everything)
 if (GGML_METAL_EMU_STRICT_ALIGN)
     list(APPEND EMU_KERNEL_FLAGS -DEMU_STRICT_ALIGN)
+endif()
+if (GGML_METAL_EMU_BF16)
+    # what the Objective-C library init passes to Apple's compiler when the device has bfloat
+    list(APPEND EMU_KERNEL_FLAGS -DGGML_METAL_HAS_BF16=1 -D__METAL_VERSION__=310)
+    target_compile_definitions(ggml-metal PRIVATE GGML_METAL_EMU_HAS_BF16)
 endif()
 if (GGML_METAL_EMU_SANITIZE)
     list(APPEND EMU_KERNEL_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer)

@@ -321,7 +321,11 @@ ggml_metal_device_t ggml_metal_device_init(int device, int n_devices) {
     p.has_simdgroup_reduction = true;
     p.has_simdgroup_mm        = true;
     p.has_unified_memory      = true;
-    p.has_bfloat              = false; // bf16 kernels are not translated yet
+#ifdef GGML_METAL_EMU_HAS_BF16
+    p.has_bfloat              = true;  // -DGGML_METAL_EMU_BF16=ON: the bfloat kernels are translated
+#else
+    p.has_bfloat              = false; // bfloat kernels not translated (GGML_METAL_EMU_BF16=OFF)
+#endif
     p.has_tensor              = false;
     p.use_residency_sets      = false;
     p.use_shared_buffers      = true;

@@ -102,7 +102,16 @@ struct matrix {
     template<typename... A> requires (sizeof...(A) == C && C > 1)
     EMU_INL matrix(const A &... cols) { int i = 0; ((c[i++] = __builtin_convertvector(cols, col_t)), ...); }
     template<typename U>
-    EMU_INL matrix(const matrix<U, C, R> & m) { for (int i = 0; i < C; ++i) c[i] = __builtin_convertvector(m.c[i], col_t); }
+    EMU_INL matrix(const matrix<U, C, R> & m) {
+        typedef float fcol_t __attribute__((ext_vector_type(R)));
+        for (int i = 0; i < C; ++i) {
+            if constexpr (std::is_same_v<U, __bf16> != std::is_same_v<T, __bf16>) {
+                c[i] = __builtin_convertvector(__builtin_convertvector(m.c[i], fcol_t), col_t); // bf16: via f32 (clang 19 x86)
+            } else {
+                c[i] = __builtin_convertvector(m.c[i], col_t);
+            }
+        }
+    }
 
     EMU_INL col_t & operator[](int i) { return c[i]; }
     EMU_INL const col_t & operator[](int i) const { return c[i]; }
@@ -141,7 +150,14 @@ EMU_INL To emu_cvt(const From & x) {
     } else if constexpr (is_vector_v<To>) {
         if constexpr (is_vector_v<F>) {
             static_assert(vsize<To> == vsize<F>, "vector conversion between different sizes");
-            return __builtin_convertvector(x, To);
+            if constexpr ((std::is_same_v<velem_t<F>, bfloat> && !std::is_same_v<velem_t<To>, float>) ||
+                          (std::is_same_v<velem_t<To>, bfloat> && !std::is_same_v<velem_t<F>, float>)) {
+                // clang 19's x86 backend cannot lower bf16 <-> f16/int vector conversions: go via f32
+                typedef float emu_fv __attribute__((ext_vector_type(vsize<To>)));
+                return __builtin_convertvector(__builtin_convertvector(x, emu_fv), To);
+            } else {
+                return __builtin_convertvector(x, To);
+            }
         } else {
             return To((velem_t<To>) x);
         }
