@@ -610,21 +610,13 @@ class GGML:
             return r.reshape(n_rows, -1)
 
 
-class Graph:
-    """One ggml context + graph on one backend.  Use as a context manager::
+class ContextBuffer:
+    """Owns a ggml context (``ctx``) and the backend buffer of its tensors (``buf``); frees both on
+    close() or at the end of a ``with`` block."""
 
-        with lib.graph("CPU") as g:
-            a = g.tensor(t, (k, m), data); b = g.tensor(f32, (k, n), x)
-            y = g.compute(g.op("ggml_mul_mat", a, b))
-    """
-
-    def __init__(self, lib: GGML, backend: str):
-        self.lib = lib
-        self.backend_name = backend
-        self.be = lib.backend(backend)
-        self.ctx = lib._ctx(64 * lib.fn("ggml_tensor_overhead")() + lib.fn("ggml_graph_overhead")(), no_alloc=True)
-        self.inputs: list[tuple] = []
-        self.buf = None
+    lib: GGML
+    ctx = None
+    buf = None
 
     def __enter__(self):
         return self
@@ -639,6 +631,23 @@ class Graph:
         if self.ctx:
             self.lib.fn("ggml_free")(self.ctx)
             self.ctx = None
+
+
+class Graph(ContextBuffer):
+    """One ggml context + graph on one backend.  Use as a context manager::
+
+        with lib.graph("CPU") as g:
+            a = g.tensor(t, (k, m), data); b = g.tensor(f32, (k, n), x)
+            y = g.compute(g.op("ggml_mul_mat", a, b))
+    """
+
+    def __init__(self, lib: GGML, backend: str):
+        self.lib = lib
+        self.backend_name = backend
+        self.be = lib.backend(backend)
+        self.ctx = lib._ctx(64 * lib.fn("ggml_tensor_overhead")() + lib.fn("ggml_graph_overhead")(), no_alloc=True)
+        self.inputs: list[tuple] = []
+        self.buf = None
 
     def tensor(self, t: int, ne: Sequence[int], data=None):
         """New tensor of type ``t`` and shape ``ne`` (ggml order); ``data`` (raw bytes or a numpy

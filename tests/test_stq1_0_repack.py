@@ -57,7 +57,7 @@ def fn(lib, name):
     return f
 
 
-class Weights:
+class Weights(ggml.ContextBuffer):
     """A weight tensor placed like llama.cpp places model weights (or forced into the plain CPU
     buffer with ``plain=True``); ``buft`` names the buffer type it went to."""
 
@@ -115,20 +115,6 @@ class Weights:
         data = np.ascontiguousarray(np.frombuffer(bytes(data), dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else data)
         assert data.nbytes == lib.fn("ggml_nbytes")(self.t)
         lib.fn("ggml_backend_tensor_set")(self.t, C.c_void_p(data.ctypes.data), 0, data.nbytes)
-
-    def close(self):
-        if self.buf:
-            self.lib.fn("ggml_backend_buffer_free")(self.buf)
-            self.buf = None
-        if self.ctx:
-            self.lib.fn("ggml_free")(self.ctx)
-            self.ctx = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def mul_mat(lib, w: Weights, x):
