@@ -73,6 +73,8 @@ def cmake_args(src: Path, bdir: Path, backend: str, extra: list[str], cuda_arch:
             "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
             "-DLLAMA_BUILD_TESTS=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_USE_PREBUILT_UI=OFF"]
+    if config.MEGAKERNEL_DIR.is_dir():  # the Gemma decode megakernel (patch 0050): host side + backend kernels
+        args += [f"-DGGML_MEGAKERNEL_DIR={config.MEGAKERNEL_DIR}"]
     if which(["ccache"]):
         args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
         if backend == "cuda":
@@ -101,6 +103,7 @@ def build_key(tree: Path, backend: str, options: list[str]) -> str:
     h.update("\0".join(options).encode())
     if backend == "metal-emu":
         h.update(_dir_hash(config.METAL_SRC_DIR).encode())
+    h.update(_dir_hash(config.MEGAKERNEL_DIR).encode())
     return h.hexdigest()[:16]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PATCHES_DIR = REPO_ROOT / "patches"
 METAL_SRC_DIR = REPO_ROOT / "ggml-metal"
+MEGAKERNEL_DIR = REPO_ROOT / "megakernel"   # the Gemma decode megakernel: host side (llama-mk.cpp) + backend kernels
 
 # llama.cpp pin (FACTS.md)
 PIN = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"

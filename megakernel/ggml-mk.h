@@ -1,0 +1,134 @@
+// ggml-mk.h: the backend-neutral plan of the Gemma decode megakernel (stq-metal).
+//
+// llama (megakernel/llama-mk.cpp) derives a ggml_mk_model from a loaded gemma3/gemma4 model: one
+// ggml_mk_layer per layer with the device addresses of its weights in their GGUF types (read in
+// place from llama.cpp's own buffers) and the per-layer shapes; and, for every decode/verify
+// ubatch of up to GGML_MK_MAX_TOKENS tokens, a ggml_mk_step: tokens, positions, where each token's
+// K/V rows go in llama.cpp's KV cache and which cells each token sees (llama.cpp's own mask).
+// A backend that implements the megakernel exports three functions through its registry's
+// get_proc_address ("ggml_backend_mk_create", "ggml_backend_mk_eval", "ggml_backend_mk_free"),
+// so llama.cpp links no backend symbol and CUDA and Metal plug into the same place.
+//
+// Plain C, no ggml types beyond the ggml_type numbers, so that kernels can include it.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GGML_MK_VERSION      1
+#define GGML_MK_MAX_TOKENS   8     // decode (1) and verify (k+1 <= 8) batches
+#define GGML_MK_MAX_LAYERS   128
+#define GGML_MK_MAX_HEAD_DIM 512
+#define GGML_MK_N_CACHES     2     // 0: full-attention cache, 1: sliding-window cache (iswa)
+
+enum ggml_mk_arch {
+    GGML_MK_ARCH_GEMMA3 = 0,
+    GGML_MK_ARCH_GEMMA4 = 1,
+};
+
+// a 2-D weight, read in place: row r (of ne1) starts at data + r*nb1 and holds ne0 values of type
+struct ggml_mk_weight {
+    const void * data;   // backend address; NULL = absent
+    int32_t      type;   // enum ggml_type
+    int32_t      ne0;    // inputs (row length)
+    int32_t      ne1;    // outputs (rows)
+    int32_t      pad;
+    uint64_t     nb1;    // row stride in bytes
+};
+
+struct ggml_mk_layer {
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_rot;
+    int32_t n_ff;
+    int32_t is_swa;       // 1: sliding-window layer (cache 1, its mask)
+    int32_t has_kv;       // 1: computes and stores its K/V; 0: reads the cache of the layer it shares
+    int32_t v_from_k;     // 1: no V projection, V = the K projection (Gemma 4 use_alternative_attention)
+    int32_t v_norm;       // 1: V is rms-normalised without weight (Gemma 4)
+    int32_t pad0;
+    float   rope_base;
+    float   rope_scale;   // ggml's freq_scale
+    float   q_scale;      // Q is multiplied by this after rope (Gemma 3: 1/sqrt(head_dim); Gemma 4: 1)
+    float   out_scale;    // the layer output is multiplied by this (Gemma 4 layer_output_scale; else 1)
+    const float * rope_freqs;   // NULL or n_rot/2 frequency factors (Gemma 4 global layers)
+
+    struct ggml_mk_weight wq, wk, wv, wo;
+    struct ggml_mk_weight ffn_gate, ffn_up, ffn_down;
+    struct ggml_mk_weight pl_gate, pl_proj;        // Gemma 4 per-layer embedding (absent: data NULL)
+
+    const float * attn_norm;
+    const float * q_norm;
+    const float * k_norm;
+    const float * attn_post_norm;
+    const float * ffn_norm;
+    const float * ffn_post_norm;
+    const float * pl_post_norm;
+};
+
+struct ggml_mk_model {
+    int32_t version;        // GGML_MK_VERSION
+    int32_t arch;           // enum ggml_mk_arch
+    int32_t device;         // backend device index (CUDA device id)
+    int32_t n_layer;
+    int32_t n_embd;
+    int32_t n_vocab;
+    int32_t n_embd_pl;      // Gemma 4 per-layer embedding width (0 = none)
+    int32_t max_head_dim;
+    int32_t max_q;          // max n_head*head_dim over layers
+    int32_t max_kv;         // max n_head_kv*head_dim over layers
+    int32_t max_ff;
+    int32_t kv_type;        // enum ggml_type of the K and V caches (F16)
+    float   norm_eps;
+    float   embd_scale;     // sqrt(n_embd)
+    float   softcap;        // final logit softcap, 0 = none
+    float   attn_factor;    // rope mscale (ggml attn_factor)
+    float   kq_scale;       // scale of Q.K (1: Gemma folds it into Q or its norms)
+    int32_t debug_flags;    // GGML_MK_DEBUG_*: planted bugs for tests only
+
+    struct ggml_mk_weight output;
+    const float * output_norm;
+
+    // Gemma 4 per-layer embeddings
+    struct ggml_mk_weight pl_model_proj; // [n_embd, n_embd_pl*n_layer]
+    const float * pl_proj_norm;          // [n_embd_pl]
+
+    struct ggml_mk_layer layers[GGML_MK_MAX_LAYERS];
+};
+
+#define GGML_MK_DEBUG_NO_GRID_BARRIER 1   // planted bug: grid barriers become block barriers
+
+// where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))
+struct ggml_mk_kv_view {
+    void *  k;            // F16: k + c*k_sc + h*k_sh + 2*d
+    void *  v;            // F16: v + c*v_sc + h*v_sh + d*v_sd (v_sd = 2 unless V is transposed)
+    int64_t k_sc, k_sh;
+    int64_t v_sc, v_sh, v_sd;
+};
+
+struct ggml_mk_step {
+    int32_t n_tokens;                               // 1..GGML_MK_MAX_TOKENS
+    int32_t n_out;                                  // rows of logits wanted
+    int32_t tokens[GGML_MK_MAX_TOKENS];
+    int32_t pos[GGML_MK_MAX_TOKENS];
+    int32_t out_rows[GGML_MK_MAX_TOKENS];           // which tokens' logits, in output order
+    int32_t n_kv[GGML_MK_N_CACHES];                 // cells to look at in each cache
+    int64_t kv_idx[GGML_MK_N_CACHES][GGML_MK_MAX_TOKENS]; // cell written by each token
+    const float * mask[GGML_MK_N_CACHES];           // host: [n_tokens][n_kv] additive (0 / -INF)
+    const float * embd;                             // host: [n_tokens][n_embd] token embedding rows (unscaled)
+    const float * pl_embd;                          // host: [n_tokens][n_embd_pl*n_layer] (Gemma 4), or NULL
+    struct ggml_mk_kv_view kv[GGML_MK_MAX_LAYERS];
+};
+
+typedef void * (*ggml_backend_mk_create_t)(const struct ggml_mk_model * model, char * err, size_t err_size);
+// evaluates one step; writes n_out rows of n_vocab logits to logits (host memory); 0 = success
+typedef int    (*ggml_backend_mk_eval_t)(void * mk, const struct ggml_mk_step * step, float * logits);
+typedef void   (*ggml_backend_mk_free_t)(void * mk);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,539 @@
+// llama-mk.cpp: the backend-neutral host side of the Gemma decode megakernel (stq-metal).
+//
+// Built into libllama when LLAMA_MEGAKERNEL is defined (cmake: GGML_MEGAKERNEL_DIR). It derives the
+// plan (ggml-mk.h) from the loaded model, and for each decode/verify ubatch hands the backend the
+// tokens' embedding rows, positions, KV cells and llama.cpp's own attention masks. The kernel itself
+// is the backend's (CUDA: megakernel/cuda/mk.cu), found through the backend registry by name.
+
+#include "llama-mk.h"
+#include "ggml-mk.h"
+
+#include "llama-impl.h"
+#include "llama-model.h"
+#include "llama-cparams.h"
+#include "llama-batch.h"
+#include "llama-kv-cache.h"
+#include "llama-kv-cache-iswa.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+struct llama_mk {
+    const llama_model   * model = nullptr;
+    ggml_backend_mk_eval_t eval = nullptr;
+    ggml_backend_mk_free_t free_fn = nullptr;
+    void                 * backend_mk = nullptr;
+    ggml_mk_model          plan = {};
+    bool                   iswa = false;
+
+    // host staging for one step
+    std::vector<float>     embd;     // [n_tokens][n_embd]
+    std::vector<float>     pl_embd;  // [n_tokens][n_embd_pl*n_layer]
+    std::vector<uint8_t>   row_buf;
+    ggml_context         * ctx_host = nullptr;   // mask + idx tensors in a host buffer
+    ggml_backend_buffer_t  buf_host = nullptr;
+    uint32_t               host_n_kv[GGML_MK_N_CACHES] = {0, 0};
+    uint32_t               host_n_tokens = 0;
+    ggml_tensor          * t_mask[GGML_MK_N_CACHES] = {nullptr, nullptr};
+    ggml_tensor          * t_idx [GGML_MK_N_CACHES] = {nullptr, nullptr};
+    ggml_context         * ctx_views = nullptr;
+
+    std::set<std::string>  said;     // reasons already logged
+
+    ~llama_mk() {
+        if (backend_mk && free_fn) {
+            free_fn(backend_mk);
+        }
+        if (buf_host) {
+            ggml_backend_buffer_free(buf_host);
+        }
+        if (ctx_host) {
+            ggml_free(ctx_host);
+        }
+        if (ctx_views) {
+            ggml_free(ctx_views);
+        }
+    }
+};
+
+void llama_mk_deleter::operator()(llama_mk * mk) const {
+    delete mk;
+}
+
+static void llama_mk_say_once(llama_mk * mk, const std::string & why) {
+    if (mk->said.insert(why).second) {
+        LLAMA_LOG_INFO("llama_mk: standard graph for this batch: %s\n", why.c_str());
+    }
+}
+
+static bool llama_mk_type_ok(ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_F32:
+        case GGML_TYPE_F16:
+        case GGML_TYPE_BF16:
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q6_K:
+        case GGML_TYPE_STQ1_0:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// the device a tensor's data lives on, or nullptr when it is in host memory
+static ggml_backend_dev_t llama_mk_tensor_dev(const ggml_tensor * t) {
+    if (!t || !t->buffer || ggml_backend_buffer_is_host(t->buffer)) {
+        return nullptr;
+    }
+    return ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+}
+
+struct llama_mk_builder {
+    std::string         why;     // first reason the plan cannot be made
+    ggml_backend_dev_t  dev = nullptr;
+
+    bool on_dev(const ggml_tensor * t, const char * what) {
+        if (!why.empty()) {
+            return false;
+        }
+        ggml_backend_dev_t d = llama_mk_tensor_dev(t);
+        if (!d) {
+            why = std::string(what) + " (" + t->name + ") is in host memory (CPU backend or partial offload)";
+            return false;
+        }
+        const char * bname = ggml_backend_buft_name(ggml_backend_buffer_get_type(t->buffer));
+        if (strstr(bname, "Split") || strstr(bname, "split")) {
+            why = std::string(what) + " is in a split buffer (" + bname + "): multi-GPU split";
+            return false;
+        }
+        if (dev && d != dev) {
+            why = std::string("weights on more than one device (") + ggml_backend_dev_name(dev) + ", " + ggml_backend_dev_name(d) + ")";
+            return false;
+        }
+        dev = d;
+        return true;
+    }
+
+    ggml_mk_weight weight(const ggml_tensor * t, const char * what, bool optional = false) {
+        ggml_mk_weight w = {};
+        if (!t) {
+            if (!optional && why.empty()) {
+                why = std::string(what) + " is missing";
+            }
+            return w;
+        }
+        if (!on_dev(t, what)) {
+            return w;
+        }
+        if (!llama_mk_type_ok(t->type)) {
+            why = std::string(what) + " (" + t->name + ") has type " + ggml_type_name(t->type) + ", which the megakernel does not read";
+            return w;
+        }
+        const bool is_float = t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_BF16;
+        if (ggml_n_dims(t) != 2 || (!is_float && t->ne[0] % 32 != 0) || t->nb[0] != ggml_type_size(t->type)) {
+            why = std::string(what) + " (" + t->name + ") is not a plain 2-D matrix (quantized rows: a multiple of 32)";
+            return w;
+        }
+        w.data = t->data;
+        w.type = t->type;
+        w.ne0  = (int32_t) t->ne[0];
+        w.ne1  = (int32_t) t->ne[1];
+        w.nb1  = t->nb[1];
+        return w;
+    }
+
+    const float * vec(const ggml_tensor * t, const char * what, int64_t n, bool optional = false) {
+        if (!t) {
+            if (!optional && why.empty()) {
+                why = std::string(what) + " is missing";
+            }
+            return nullptr;
+        }
+        if (!on_dev(t, what)) {
+            return nullptr;
+        }
+        if (t->type != GGML_TYPE_F32 || ggml_nelements(t) < n || !ggml_is_contiguous(t)) {
+            why = std::string(what) + " (" + t->name + ") is not a contiguous F32 vector of " + std::to_string(n);
+            return nullptr;
+        }
+        return (const float *) t->data;
+    }
+};
+
+llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cparams) {
+    const char * env = getenv("LLAMA_MEGAKERNEL");
+    if (env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0)) {
+        LLAMA_LOG_INFO("llama_mk: megakernel off (LLAMA_MEGAKERNEL=%s)\n", env);
+        return nullptr;
+    }
+
+    const auto & hp = model.hparams;
+    const bool is_g3 = model.arch == LLM_ARCH_GEMMA3;
+    const bool is_g4 = model.arch == LLM_ARCH_GEMMA4;
+    if (!is_g3 && !is_g4) {
+        return nullptr; // other architectures: silently the standard graph
+    }
+
+    auto off = [](const std::string & why) {
+        LLAMA_LOG_INFO("llama_mk: megakernel off: %s; the standard graph runs every batch\n", why.c_str());
+        return llama_mk_ptr();
+    };
+
+    if (hp.n_layer() > GGML_MK_MAX_LAYERS) {
+        return off("more than " + std::to_string(GGML_MK_MAX_LAYERS) + " layers");
+    }
+    if (cparams.yarn_ext_factor != 0.0f) {
+        return off("YaRN rope extrapolation (ext_factor != 0)");
+    }
+    if (hp.rope_type != LLAMA_ROPE_TYPE_NEOX) {
+        return off("rope type is not NEOX");
+    }
+    if (hp.n_embd % 32 != 0) {
+        return off("n_embd is not a multiple of 32");
+    }
+
+    auto mk = llama_mk_ptr(new llama_mk());
+    mk->model = &model;
+    ggml_mk_model & p = mk->plan;
+    llama_mk_builder b;
+
+    p.version     = GGML_MK_VERSION;
+    p.arch        = is_g4 ? GGML_MK_ARCH_GEMMA4 : GGML_MK_ARCH_GEMMA3;
+    p.n_layer     = (int32_t) hp.n_layer();
+    p.n_embd      = (int32_t) hp.n_embd;
+    p.norm_eps    = hp.f_norm_rms_eps;
+    p.embd_scale  = sqrtf((float) hp.n_embd);
+    p.softcap     = hp.f_final_logit_softcapping;
+    p.attn_factor = cparams.yarn_attn_factor;
+    p.kq_scale    = is_g4 ? hp.f_attention_scale : 1.0f;
+    p.n_embd_pl   = is_g4 ? (int32_t) hp.n_embd_per_layer : 0;
+
+    // the token embedding rows are looked up on the host (llama.cpp keeps tok_embd in the input
+    // layer's buffer); the kernel starts from them
+    if (!model.tok_embd || ggml_n_dims(model.tok_embd) != 2) {
+        return off("token_embd missing");
+    }
+    p.output      = b.weight(model.output, "output");
+    p.output_norm = b.vec(model.output_norm, "output_norm", hp.n_embd);
+    p.n_vocab     = p.output.ne1;
+
+    if (p.n_embd_pl > 0) {
+        if (!model.per_layer_tok_embd) {
+            return off("per_layer_token_embd missing");
+        }
+        p.pl_model_proj = b.weight(model.per_layer_model_proj, "per_layer_model_proj");
+        p.pl_proj_norm  = b.vec(model.per_layer_proj_norm, "per_layer_proj_norm", p.n_embd_pl);
+    }
+
+    for (int il = 0; il < p.n_layer && b.why.empty(); ++il) {
+        const auto & l = model.layers[il];
+        ggml_mk_layer & L = p.layers[il];
+        const std::string at = " of layer " + std::to_string(il);
+
+        if (l.wqkv || l.ffn_gate_inp || l.wq_s || l.wk_s || l.wv_s || l.wo_s || l.ffn_gate_s || l.ffn_up_s || l.ffn_down_s) {
+            b.why = "layer " + std::to_string(il) + " has a fused QKV, MoE experts or weight scales";
+            break;
+        }
+        L.n_head    = (int32_t) hp.n_head(il);
+        L.n_head_kv = (int32_t) hp.n_head_kv(il);
+        L.head_dim  = (int32_t) hp.n_embd_head_k(il);
+        L.n_rot     = (int32_t) hp.n_rot(il);
+        L.n_ff      = (int32_t) hp.n_ff(il);
+        L.is_swa    = hp.is_swa(il) ? 1 : 0;
+        L.has_kv    = hp.has_kv(il) ? 1 : 0;
+        L.v_norm    = is_g4 ? 1 : 0;
+        L.rope_base = model.get_rope_freq_base(cparams, il);
+        L.rope_scale= model.get_rope_freq_scale(cparams, il);
+        L.q_scale   = is_g4 ? 1.0f : hp.f_attention_scale;
+        L.out_scale = 1.0f;
+
+        if (L.head_dim > GGML_MK_MAX_HEAD_DIM || L.head_dim % 32 != 0 || L.head_dim < 32 || L.n_rot > L.head_dim || L.n_rot % 2 != 0 ||
+            L.n_head_kv <= 0 || L.n_head % L.n_head_kv != 0 || hp.n_embd_head_v(il) != (uint32_t) L.head_dim) {
+            b.why = "layer " + std::to_string(il) + " has a head layout the megakernel does not handle";
+            break;
+        }
+
+        L.attn_norm      = b.vec(l.attn_norm,      ("attn_norm" + at).c_str(), hp.n_embd);
+        L.q_norm         = b.vec(l.attn_q_norm,    ("attn_q_norm" + at).c_str(), L.head_dim);
+        L.attn_post_norm = b.vec(l.attn_post_norm, ("post_attention_norm" + at).c_str(), hp.n_embd);
+        L.ffn_norm       = b.vec(l.ffn_norm,       ("ffn_norm" + at).c_str(), hp.n_embd);
+        L.ffn_post_norm  = b.vec(l.ffn_post_norm,  ("post_ffw_norm" + at).c_str(), hp.n_embd);
+
+        L.wq = b.weight(l.wq, ("attn_q" + at).c_str());
+        L.wo = b.weight(l.wo, ("attn_output" + at).c_str());
+        if (L.has_kv) {
+            L.k_norm = b.vec(l.attn_k_norm, ("attn_k_norm" + at).c_str(), L.head_dim);
+            L.wk = b.weight(l.wk, ("attn_k" + at).c_str());
+            L.wv = b.weight(l.wv, ("attn_v" + at).c_str(), is_g4);
+            L.v_from_k = l.wv ? 0 : 1;
+        }
+        L.ffn_gate = b.weight(l.ffn_gate, ("ffn_gate" + at).c_str());
+        L.ffn_up   = b.weight(l.ffn_up,   ("ffn_up" + at).c_str());
+        L.ffn_down = b.weight(l.ffn_down, ("ffn_down" + at).c_str());
+        if (is_g4 && !L.is_swa) {
+            L.rope_freqs = b.vec(l.rope_freqs, ("rope_freqs" + at).c_str(), L.n_rot/2, true);
+        }
+        if (p.n_embd_pl > 0) {
+            L.pl_gate      = b.weight(l.per_layer_inp_gate, ("inp_gate" + at).c_str());
+            L.pl_proj      = b.weight(l.per_layer_proj,     ("proj" + at).c_str());
+            L.pl_post_norm = b.vec(l.per_layer_post_norm,   ("post_norm" + at).c_str(), hp.n_embd);
+        }
+        if (l.out_scale) {
+            if (l.out_scale->type != GGML_TYPE_F32 || ggml_nelements(l.out_scale) != 1) {
+                b.why = "layer_output_scale" + at + " is not one F32 value";
+                break;
+            }
+            ggml_backend_tensor_get(l.out_scale, &L.out_scale, 0, sizeof(float));
+        }
+
+        p.max_head_dim = std::max(p.max_head_dim, L.head_dim);
+        p.max_q        = std::max(p.max_q,  L.n_head*L.head_dim);
+        p.max_kv       = std::max(p.max_kv, L.n_head_kv*L.head_dim);
+        p.max_ff       = std::max(p.max_ff, L.n_ff);
+    }
+    if (!b.why.empty()) {
+        return off(b.why);
+    }
+    if (ggml_backend_dev_type(b.dev) != GGML_BACKEND_DEVICE_TYPE_GPU) {
+        return off(std::string("weights are on ") + ggml_backend_dev_name(b.dev) + ", not a GPU");
+    }
+    p.kv_type = GGML_TYPE_F16;
+
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(b.dev);
+    auto create = (ggml_backend_mk_create_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_mk_create");
+    mk->eval    = (ggml_backend_mk_eval_t)   ggml_backend_reg_get_proc_address(reg, "ggml_backend_mk_eval");
+    mk->free_fn = (ggml_backend_mk_free_t)   ggml_backend_reg_get_proc_address(reg, "ggml_backend_mk_free");
+    if (!create || !mk->eval || !mk->free_fn) {
+        return off(std::string("backend ") + ggml_backend_reg_name(reg) + " has no megakernel");
+    }
+    {
+        // device index within the backend: the position of the device among the reg's devices
+        p.device = 0;
+        for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
+            if (ggml_backend_reg_dev_get(reg, i) == b.dev) {
+                p.device = (int32_t) i;
+            }
+        }
+    }
+    if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
+        p.debug_flags = atoi(dbg); // planted bugs, tests only
+    }
+
+    char err[256] = {0};
+    mk->backend_mk = create(&p, err, sizeof(err));
+    if (!mk->backend_mk) {
+        return off(std::string("backend: ") + err);
+    }
+    LLAMA_LOG_INFO("llama_mk: megakernel on %s for decode/verify batches of up to %d tokens (%s, %d layers%s); "
+                   "LLAMA_MEGAKERNEL=0 turns it off\n", ggml_backend_dev_name(b.dev), GGML_MK_MAX_TOKENS,
+                   is_g4 ? "gemma4" : "gemma3", p.n_layer, p.n_embd_pl ? ", per-layer embeddings" : "");
+    return mk;
+}
+
+// the iswa context's two caches, or the single cache in slot 0
+static bool llama_mk_caches(llama_memory_context_i * mctx, const llama_kv_cache_context * kc[GGML_MK_N_CACHES]) {
+    kc[0] = kc[1] = nullptr;
+    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa_context *>(mctx)) {
+        kc[0] = iswa->get_base();
+        kc[1] = iswa->get_swa();
+        return true;
+    }
+    if (auto * kv = dynamic_cast<llama_kv_cache_context *>(mctx)) {
+        kc[0] = kv;
+        return true;
+    }
+    return false;
+}
+
+bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx) {
+    if (!mk) {
+        return false;
+    }
+    if (ubatch.n_tokens > GGML_MK_MAX_TOKENS) {
+        return false; // prefill: the standard graph, no log line per prompt
+    }
+    if (!ubatch.token) {
+        llama_mk_say_once(mk, "embedding inputs (not tokens)");
+        return false;
+    }
+    if (ubatch.n_pos != 1) {
+        llama_mk_say_once(mk, "multi-dimensional positions");
+        return false;
+    }
+    const llama_kv_cache_context * kc[GGML_MK_N_CACHES];
+    if (!llama_mk_caches(mctx, kc)) {
+        llama_mk_say_once(mk, "memory is not a KV cache");
+        return false;
+    }
+    // every cache in use: F16, one stream, on the weights' device
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        if (!kc[c]) {
+            continue;
+        }
+        if (kc[c]->type_k() != GGML_TYPE_F16 || kc[c]->type_v() != GGML_TYPE_F16) {
+            llama_mk_say_once(mk, std::string("KV cache type ") + ggml_type_name(kc[c]->type_k()) + "/" + ggml_type_name(kc[c]->type_v()) + " (F16 only)");
+            return false;
+        }
+    }
+    const int nseq = (int) ubatch.n_seqs_unq;
+    for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
+        if (ubatch.n_seq_id[i] != 1) {
+            llama_mk_say_once(mk, "a token in several sequences");
+            return false;
+        }
+    }
+    GGML_UNUSED(nseq);
+    return true;
+}
+
+static bool llama_mk_host_tensors(llama_mk * mk, const uint32_t n_kv[GGML_MK_N_CACHES], uint32_t n_tokens) {
+    if (mk->ctx_host && n_tokens == mk->host_n_tokens && n_kv[0] == mk->host_n_kv[0] && n_kv[1] == mk->host_n_kv[1]) {
+        return true;
+    }
+    if (mk->buf_host) {
+        ggml_backend_buffer_free(mk->buf_host);
+        mk->buf_host = nullptr;
+    }
+    if (mk->ctx_host) {
+        ggml_free(mk->ctx_host);
+        mk->ctx_host = nullptr;
+    }
+    ggml_init_params ip = { 8*ggml_tensor_overhead(), nullptr, true };
+    mk->ctx_host = ggml_init(ip);
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        mk->t_mask[c] = ggml_new_tensor_4d(mk->ctx_host, GGML_TYPE_F32, std::max<uint32_t>(n_kv[c], 1), n_tokens, 1, 1);
+        mk->t_idx[c]  = ggml_new_tensor_1d(mk->ctx_host, GGML_TYPE_I64, n_tokens);
+    }
+    mk->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(mk->ctx_host, ggml_backend_cpu_buffer_type());
+    if (!mk->buf_host) {
+        return false;
+    }
+    mk->host_n_tokens = n_tokens;
+    mk->host_n_kv[0]  = n_kv[0];
+    mk->host_n_kv[1]  = n_kv[1];
+    return true;
+}
+
+// dequantized row r of t (any buffer, any type with to_float) into out[t->ne[0]]
+static void llama_mk_get_row(llama_mk * mk, const ggml_tensor * t, int64_t r, float * out) {
+    const size_t nb = t->nb[1];
+    mk->row_buf.resize(nb);
+    ggml_backend_tensor_get(t, mk->row_buf.data(), r*nb, nb);
+    if (t->type == GGML_TYPE_F32) {
+        memcpy(out, mk->row_buf.data(), t->ne[0]*sizeof(float));
+    } else {
+        ggml_get_type_traits(t->type)->to_float(mk->row_buf.data(), out, t->ne[0]);
+    }
+}
+
+bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out) {
+    const ggml_mk_model & p = mk->plan;
+    const llama_model & model = *mk->model;
+    const uint32_t n_tokens = ubatch.n_tokens;
+
+    if (!mctx->apply()) {
+        LLAMA_LOG_ERROR("llama_mk: failed to apply the memory context\n");
+        return false;
+    }
+
+    const llama_kv_cache_context * kc[GGML_MK_N_CACHES];
+    llama_mk_caches(mctx, kc);
+
+    ggml_mk_step st = {};
+    st.n_tokens = (int32_t) n_tokens;
+
+    uint32_t n_kv[GGML_MK_N_CACHES] = {0, 0};
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        n_kv[c] = kc[c] ? kc[c]->get_n_kv() : 0;
+    }
+    if (!llama_mk_host_tensors(mk, n_kv, n_tokens)) {
+        LLAMA_LOG_ERROR("llama_mk: cannot allocate the host staging tensors\n");
+        return false;
+    }
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        st.n_kv[c] = (int32_t) n_kv[c];
+        if (!kc[c]) {
+            continue;
+        }
+        // llama.cpp's own cell indices and mask (the same calls its graph inputs make)
+        kc[c]->set_input_k_idxs(mk->t_idx[c], &ubatch);
+        kc[c]->set_input_kq_mask(mk->t_mask[c], &ubatch, true);
+        const int64_t * idx = (const int64_t *) mk->t_idx[c]->data;
+        for (uint32_t i = 0; i < n_tokens; ++i) {
+            st.kv_idx[c][i] = idx[i];
+        }
+        st.mask[c] = (const float *) mk->t_mask[c]->data;
+    }
+    if (!kc[1]) {
+        // one cache for all layers: the SWA slot aliases it
+        st.n_kv[1] = st.n_kv[0];
+        st.mask[1] = st.mask[0];
+        for (uint32_t i = 0; i < n_tokens; ++i) {
+            st.kv_idx[1][i] = st.kv_idx[0][i];
+        }
+    }
+
+    // per-layer cache views (the layer a shared-KV layer reads resolves inside get_k/get_v)
+    if (!mk->ctx_views) {
+        ggml_init_params ip = { (size_t) 4*GGML_MK_MAX_LAYERS*ggml_tensor_overhead(), nullptr, true };
+        mk->ctx_views = ggml_init(ip);
+    }
+    ggml_reset(mk->ctx_views);
+    for (int il = 0; il < p.n_layer; ++il) {
+        const int c = (p.layers[il].is_swa && kc[1]) ? 1 : 0;
+        ggml_tensor * k = kc[c]->get_k(mk->ctx_views, il);
+        ggml_tensor * v = kc[c]->get_v(mk->ctx_views, il);
+        ggml_mk_kv_view & kv = st.kv[il];
+        kv.k    = k->data;
+        kv.k_sh = (int64_t) k->nb[1];
+        kv.k_sc = (int64_t) k->nb[2];
+        kv.v    = v->data;
+        if (v->ne[0] == p.layers[il].head_dim && v->ne[2] == (int64_t) n_kv[c]) {
+            kv.v_sd = (int64_t) v->nb[0];
+            kv.v_sh = (int64_t) v->nb[1];
+            kv.v_sc = (int64_t) v->nb[2];
+        } else { // transposed V: [n_kv, n_head_kv, head_dim]
+            kv.v_sc = (int64_t) v->nb[0];
+            kv.v_sh = (int64_t) v->nb[1];
+            kv.v_sd = (int64_t) v->nb[2];
+        }
+    }
+
+    // token embeddings (and Gemma 4 per-layer token embeddings) looked up on the host
+    const int64_t n_pl = (int64_t) p.n_embd_pl*p.n_layer;
+    mk->embd.resize((size_t) n_tokens*p.n_embd);
+    mk->pl_embd.resize((size_t) n_tokens*std::max<int64_t>(n_pl, 1));
+    int32_t n_out = 0;
+    for (uint32_t i = 0; i < n_tokens; ++i) {
+        st.tokens[i] = ubatch.token[i];
+        st.pos[i]    = ubatch.pos[i];
+        if (ubatch.output[i]) {
+            st.out_rows[n_out++] = (int32_t) i;
+        }
+        llama_mk_get_row(mk, model.tok_embd, ubatch.token[i], mk->embd.data() + (size_t) i*p.n_embd);
+        if (n_pl > 0) {
+            llama_mk_get_row(mk, model.per_layer_tok_embd, ubatch.token[i], mk->pl_embd.data() + (size_t) i*n_pl);
+        }
+    }
+    st.n_out  = n_out;
+    st.embd   = mk->embd.data();
+    st.pl_embd = n_pl > 0 ? mk->pl_embd.data() : nullptr;
+
+    const int rc = mk->eval(mk->backend_mk, &st, logits_out);
+    if (rc != 0) {
+        LLAMA_LOG_ERROR("llama_mk: the megakernel failed (code %d)\n", rc);
+        return false;
+    }
+    return true;
+}

@@ -1,0 +1,29 @@
+// llama-mk.h: llama.cpp side of the Gemma decode megakernel (stq-metal); see megakernel/README.md
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+struct llama_model;
+struct llama_cparams;
+struct llama_ubatch;
+class  llama_memory_context_i;
+
+struct llama_mk;
+
+struct llama_mk_deleter {
+    void operator()(llama_mk * mk) const;
+};
+
+using llama_mk_ptr = std::unique_ptr<llama_mk, llama_mk_deleter>;
+
+// the megakernel for this model and context, or nullptr (one log line says why)
+llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cparams);
+
+// whether the megakernel takes this ubatch (decode/verify of up to GGML_MK_MAX_TOKENS tokens, all
+// else the standard graph); logs the first occurrence of each reason for not taking it
+bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx);
+
+// applies mctx (the ubatch's KV cells) and evaluates the ubatch: K/V rows written to the cache, the
+// logits of the ubatch's output tokens (ubatch.output order) written to logits_out; false = error
+bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out);
