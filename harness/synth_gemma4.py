@@ -60,6 +60,7 @@ class SynthParams:
     softcap: float = 30.0
     noise: float = 6.0            # scale of the layers' contributions to the residual stream (~1/3 of drafts accepted)
     n_ctx_train: int = 8192
+    matrix_type: str = "Q4_0"     # type of the layer matrices (F16 for a reference without quantized weights)
 
     def key(self) -> str:
         blob = json.dumps({"v": GENERATOR_VERSION, **asdict(self)}, sort_keys=True).encode()
@@ -219,20 +220,20 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
             d = hd(c)
             pre = f"blk.{il}."
             t.add(pre + "attn_norm.weight", norm_w(p.n_embd, 1.0))
-            t.add(pre + "attn_q.weight", mat(p.n_head * d, p.n_embd), "Q4_0")
+            t.add(pre + "attn_q.weight", mat(p.n_head * d, p.n_embd), p.matrix_type)
             t.add(pre + "attn_q_norm.weight", norm_w(d, 1.0))
             if il < kv_from:
-                t.add(pre + "attn_k.weight", mat(p.n_head_kv * d, p.n_embd), "Q4_0")
-                t.add(pre + "attn_v.weight", mat(p.n_head_kv * d, p.n_embd), "Q4_0")
+                t.add(pre + "attn_k.weight", mat(p.n_head_kv * d, p.n_embd), p.matrix_type)
+                t.add(pre + "attn_v.weight", mat(p.n_head_kv * d, p.n_embd), p.matrix_type)
                 t.add(pre + "attn_k_norm.weight", norm_w(d, 1.0))
-            t.add(pre + "attn_output.weight", mat(p.n_embd, p.n_head * d), "Q4_0")
+            t.add(pre + "attn_output.weight", mat(p.n_embd, p.n_head * d), p.matrix_type)
             t.add(pre + "post_attention_norm.weight", norm_w(p.n_embd, p.noise))
             t.add(pre + "ffn_norm.weight", norm_w(p.n_embd, 1.0))
-            t.add(pre + "ffn_gate.weight", mat(p.n_ff, p.n_embd), "Q4_0")
-            t.add(pre + "ffn_up.weight", mat(p.n_ff, p.n_embd), "Q4_0")
-            t.add(pre + "ffn_down.weight", mat(p.n_embd, p.n_ff), "Q4_0")
+            t.add(pre + "ffn_gate.weight", mat(p.n_ff, p.n_embd), p.matrix_type)
+            t.add(pre + "ffn_up.weight", mat(p.n_ff, p.n_embd), p.matrix_type)
+            t.add(pre + "ffn_down.weight", mat(p.n_embd, p.n_ff), p.matrix_type)
             t.add(pre + "post_ffw_norm.weight", norm_w(p.n_embd, p.noise))
-            t.add(pre + "inp_gate.weight", mat(p.n_embd_per_layer, p.n_embd), "Q4_0")
+            t.add(pre + "inp_gate.weight", mat(p.n_embd_per_layer, p.n_embd), p.matrix_type)
             t.add(pre + "proj.weight", mat(p.n_embd, p.n_embd_per_layer))
             t.add(pre + "post_norm.weight", norm_w(p.n_embd, p.noise))
             t.add(pre + "layer_output_scale.weight", np.ones(1, np.float32))
@@ -265,20 +266,29 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
             d = hd(c)
             pre = f"blk.{il}."
             t.add(pre + "attn_norm.weight", norm_w(na, 1.0))
-            t.add(pre + "attn_q.weight", mat(p.n_head * d, na), "Q4_0")
+            t.add(pre + "attn_q.weight", mat(p.n_head * d, na), p.matrix_type)
             t.add(pre + "attn_q_norm.weight", norm_w(d, 1.0))
-            t.add(pre + "attn_output.weight", mat(na, p.n_head * d), "Q4_0")
+            t.add(pre + "attn_output.weight", mat(na, p.n_head * d), p.matrix_type)
             t.add(pre + "post_attention_norm.weight", norm_w(na, 0.1))
             t.add(pre + "ffn_norm.weight", norm_w(na, 1.0))
-            t.add(pre + "ffn_gate.weight", mat(p.n_ff, na), "Q4_0")
-            t.add(pre + "ffn_up.weight", mat(p.n_ff, na), "Q4_0")
-            t.add(pre + "ffn_down.weight", mat(na, p.n_ff), "Q4_0")
+            t.add(pre + "ffn_gate.weight", mat(p.n_ff, na), p.matrix_type)
+            t.add(pre + "ffn_up.weight", mat(p.n_ff, na), p.matrix_type)
+            t.add(pre + "ffn_down.weight", mat(na, p.n_ff), p.matrix_type)
             t.add(pre + "post_ffw_norm.weight", norm_w(na, 0.1))
             t.add(pre + "layer_output_scale.weight", np.ones(1, np.float32))
 
     _write_atomic(lambda path: gguf.GGUFWriter(str(path), arch_t), target, fill_target)
     _write_atomic(lambda path: gguf.GGUFWriter(str(path), arch_a), assistant, fill_assistant)
     return target, assistant
+
+
+def write_tokenizer_gguf(tokenizer_gguf: Path, out: Path) -> Path:
+    """A GGUF holding only the tokenizer.* metadata (6 MB for Gemma's 262k vocabulary): what generate()
+    needs from the 253 MB model, small enough to carry to a GPU machine."""
+    gguf = _gguf()
+    reader = gguf.GGUFReader(str(tokenizer_gguf))
+    _write_atomic(lambda path: gguf.GGUFWriter(str(path), "gemma3"), out, lambda w: _copy_tokenizer(gguf, reader, w))
+    return out
 
 
 def ensure_pair(tokenizer_gguf: Path, out_root: Path | None = None, p: SynthParams = SynthParams()) -> tuple[Path, Path]:
@@ -295,14 +305,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="synth_gemma4", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer-from", type=Path, required=True,
                     help="GGUF whose tokenizer.* metadata is copied (the Gemma 3 270M GGUF)")
-    ap.add_argument("--out-dir", type=Path, required=True, help="folder for the two GGUF files")
+    ap.add_argument("--out-dir", type=Path, help="folder for the two GGUF files (required unless --tokenizer-only)")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--window", type=int, default=d.window, help="sliding window of the SWA layers")
+    ap.add_argument("--matrix-type", default=d.matrix_type, choices=["Q4_0", "Q8_0", "F16", "F32"],
+                    help="type of the layer matrices (default Q4_0; F16/F32 give a reference without quantized weights)")
     ap.add_argument("--noise", type=float, default=d.noise,
                     help="scale of the layers' residual contributions (higher: the target departs more "
                          "often from the permutation the assistant predicts)")
+    ap.add_argument("--tokenizer-only", type=Path, metavar="OUT",
+                    help="write only a tokenizer GGUF (for carrying to a GPU machine) to OUT and stop")
     args = ap.parse_args(argv)
-    p = SynthParams(seed=args.seed, window=args.window, noise=args.noise)
+    if args.tokenizer_only:
+        print(write_tokenizer_gguf(args.tokenizer_from, args.tokenizer_only))
+        return 0
+    if args.out_dir is None:
+        ap.error("--out-dir is required")
+    p = SynthParams(seed=args.seed, window=args.window, noise=args.noise, matrix_type=args.matrix_type)
     target, assistant = generate(args.out_dir, args.tokenizer_from, p)
     print(f"target:    {target}\nassistant: {assistant}\n"
           f"run: llama-server -m {target} --spec-type draft-mtp -md {assistant}")

@@ -1,0 +1,255 @@
+// test-mk: the Gemma decode megakernel against llama.cpp's standard graph, in one process.
+//
+//   test-mk -m MODEL.gguf [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T]
+//
+// Two contexts on one model: A with the megakernel (LLAMA_MEGAKERNEL unset), B with the standard
+// graph (LLAMA_MEGAKERNEL=0). Prints, and exits non-zero when a check fails:
+//  1. teacher-forced logits A vs B over N steps (NMSE per step, argmax agreement, margins);
+//  2. free-running greedy A vs B (first divergence and its logit margin in B);
+//  3. verify == decode: on A, a batch of M = 2..8 tokens gives each row the bits of M one-token steps;
+//  4. speed: greedy tok/s A vs B, rounds in AB/BA order, medians and the median of paired ratios.
+#include "llama.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+static int argmax(const float * x, int n) {
+    return (int) (std::max_element(x, x + n) - x);
+}
+
+static float margin(const float * x, int n) {
+    int a = argmax(x, n);
+    float second = -INFINITY;
+    for (int i = 0; i < n; ++i) {
+        if (i != a) second = std::max(second, x[i]);
+    }
+    return x[a] - second;
+}
+
+struct ctx_t {
+    llama_context * ctx = nullptr;
+    int n_vocab = 0;
+};
+
+static ctx_t make_ctx(llama_model * model, bool mk, int n_ctx, int fa) {
+    if (mk) {
+        unsetenv("LLAMA_MEGAKERNEL");
+    } else {
+        setenv("LLAMA_MEGAKERNEL", "0", 1);
+    }
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_batch = 512;
+    cp.n_ubatch = 512;
+    cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    ctx_t c;
+    c.ctx = llama_init_from_model(model, cp);
+    if (!c.ctx) {
+        fprintf(stderr, "test-mk: cannot create a context\n");
+        exit(2);
+    }
+    c.n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    unsetenv("LLAMA_MEGAKERNEL");
+    return c;
+}
+
+static void decode_or_die(llama_context * ctx, llama_batch b, const char * what) {
+    int rc = llama_decode(ctx, b);
+    if (rc != 0) {
+        fprintf(stderr, "test-mk: llama_decode failed (%s): %d\n", what, rc);
+        exit(2);
+    }
+}
+
+static void prefill(ctx_t & c, std::vector<llama_token> & prompt) {
+    llama_memory_clear(llama_get_memory(c.ctx), true);
+    decode_or_die(c.ctx, llama_batch_get_one(prompt.data(), (int) prompt.size()), "prompt");
+}
+
+static void step(ctx_t & c, llama_token t, int pos) {
+    llama_batch b = llama_batch_init(1, 0, 1);
+    b.n_tokens = 1;
+    b.token[0] = t;
+    b.pos[0] = pos;
+    b.n_seq_id[0] = 1;
+    b.seq_id[0][0] = 0;
+    b.logits[0] = 1;
+    decode_or_die(c.ctx, b, "step");
+    llama_batch_free(b);
+}
+
+int main(int argc, char ** argv) {
+    std::string model_path;
+    std::string prompt_text = "The history of the printing press begins in";
+    int n_steps = 128, fa = 0, rounds = 6, bench_n = 64, n_ctx = 2048, max_disagree = -1;
+    double max_nmse = 1e-4;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto next = [&]() { if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); exit(2); } return std::string(argv[++i]); };
+        if (a == "-m") model_path = next();
+        else if (a == "-p") prompt_text = next();
+        else if (a == "-n") n_steps = std::stoi(next());
+        else if (a == "--fa") fa = std::stoi(next());
+        else if (a == "--rounds") rounds = std::stoi(next());
+        else if (a == "--bench-n") bench_n = std::stoi(next());
+        else if (a == "-c") n_ctx = std::stoi(next());
+        else if (a == "--max-nmse") max_nmse = std::stod(next());
+        else if (a == "--max-disagree") max_disagree = std::stoi(next());
+        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N]\n", argv[0]); return 2; }
+    }
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 999;
+    llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
+    if (!model) {
+        fprintf(stderr, "test-mk: cannot load %s\n", model_path.c_str());
+        return 2;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    std::vector<llama_token> prompt(4096);
+    int np = llama_tokenize(vocab, prompt_text.c_str(), (int) prompt_text.size(), prompt.data(), (int) prompt.size(), true, true);
+    prompt.resize(np);
+
+    ctx_t A = make_ctx(model, true, n_ctx, fa);
+    ctx_t B = make_ctx(model, false, n_ctx, fa);
+    const int nv = A.n_vocab;
+    int fails = 0;
+
+    // 1. teacher-forced logits
+    {
+        prefill(A, prompt);
+        prefill(B, prompt);
+        double worst = 0, sum_nmse = 0;
+        int disagree = 0;
+        float worst_margin = 0;
+        for (int s = 0; s < n_steps; ++s) {
+            const float * la = llama_get_logits_ith(A.ctx, -1);
+            const float * lb = llama_get_logits_ith(B.ctx, -1);
+            double num = 0, den = 0;
+            for (int i = 0; i < nv; ++i) {
+                num += (double) (la[i] - lb[i])*(la[i] - lb[i]);
+                den += (double) lb[i]*lb[i];
+            }
+            const double nmse = num/std::max(den, 1e-30);
+            worst = std::max(worst, nmse);
+            sum_nmse += nmse;
+            const int ta = argmax(la, nv), tb = argmax(lb, nv);
+            if (ta != tb) {
+                ++disagree;
+                worst_margin = std::max(worst_margin, margin(lb, nv));
+                printf("  step %d: argmax megakernel %d vs graph %d (graph's top-2 margin %.4g)\n", s, ta, tb, margin(lb, nv));
+            }
+            step(A, tb, np + s);
+            step(B, tb, np + s);
+        }
+        const bool ok = worst <= max_nmse && disagree <= (max_disagree >= 0 ? max_disagree : n_steps/50);
+        printf("teacher-forced %d steps: NMSE mean %.3g max %.3g; argmax disagreements %d (largest graph margin there %.4g): %s\n",
+               n_steps, sum_nmse/n_steps, worst, disagree, worst_margin, ok ? "ok" : "FAIL");
+        fails += !ok;
+    }
+
+    // 2. free-running greedy
+    std::vector<llama_token> gen_a, gen_b;
+    {
+        prefill(A, prompt);
+        prefill(B, prompt);
+        int first_div = -1;
+        float div_margin = 0;
+        for (int s = 0; s < n_steps; ++s) {
+            const float * la = llama_get_logits_ith(A.ctx, -1);
+            const float * lb = llama_get_logits_ith(B.ctx, -1);
+            const int ta = argmax(la, nv), tb = argmax(lb, nv);
+            if (first_div < 0 && ta != tb) {
+                first_div = s;
+                div_margin = margin(lb, nv);
+            }
+            gen_a.push_back(ta);
+            gen_b.push_back(tb);
+            step(A, ta, np + s);
+            step(B, tb, np + s);
+        }
+        if (first_div < 0) {
+            printf("free-running greedy %d tokens: identical\n", n_steps);
+        } else {
+            printf("free-running greedy %d tokens: first divergence at %d (graph's top-2 margin there %.4g)\n", n_steps, first_div, div_margin);
+        }
+    }
+
+    // 3. verify == decode, bitwise, on the megakernel context
+    {
+        int bad = 0;
+        const int p0 = np + 8;
+        for (int M = 2; M <= 8; ++M) {
+            prefill(A, prompt);
+            for (int s = 0; s < 8; ++s) {
+                step(A, gen_a[s], np + s);
+            }
+            std::vector<float> seq((size_t) M*nv), bat((size_t) M*nv);
+            for (int j = 0; j < M; ++j) {
+                step(A, gen_a[8 + j], p0 + j);
+                memcpy(seq.data() + (size_t) j*nv, llama_get_logits_ith(A.ctx, -1), nv*sizeof(float));
+            }
+            llama_memory_seq_rm(llama_get_memory(A.ctx), 0, p0, -1);
+            llama_batch b = llama_batch_init(M, 0, 1);
+            b.n_tokens = M;
+            for (int j = 0; j < M; ++j) {
+                b.token[j] = gen_a[8 + j];
+                b.pos[j] = p0 + j;
+                b.n_seq_id[j] = 1;
+                b.seq_id[j][0] = 0;
+                b.logits[j] = 1;
+            }
+            decode_or_die(A.ctx, b, "verify");
+            llama_batch_free(b);
+            int rows_diff = 0;
+            for (int j = 0; j < M; ++j) {
+                memcpy(bat.data() + (size_t) j*nv, llama_get_logits_ith(A.ctx, j), nv*sizeof(float));
+                rows_diff += memcmp(seq.data() + (size_t) j*nv, bat.data() + (size_t) j*nv, nv*sizeof(float)) != 0;
+            }
+            printf("verify M=%d: %d of %d rows differ from one-token decode\n", M, rows_diff, M);
+            bad += rows_diff;
+        }
+        printf("verify == decode (bitwise), M = 2..8: %s\n", bad == 0 ? "ok" : "FAIL");
+        fails += bad != 0;
+    }
+
+    // 4. speed: greedy decode tok/s, AB/BA rounds
+    if (rounds > 0) {
+        std::vector<double> ta, tb, ratio;
+        for (int r = 0; r < rounds; ++r) {
+            double t[2];
+            for (int k = 0; k < 2; ++k) {
+                const bool is_a = (r % 2 == 0) ? (k == 0) : (k == 1);
+                ctx_t & c = is_a ? A : B;
+                prefill(c, prompt);
+                llama_token tok = argmax(llama_get_logits_ith(c.ctx, -1), nv);
+                auto t0 = std::chrono::steady_clock::now();
+                for (int s = 0; s < bench_n; ++s) {
+                    step(c, tok, np + s);
+                    tok = argmax(llama_get_logits_ith(c.ctx, -1), nv);
+                }
+                auto t1 = std::chrono::steady_clock::now();
+                t[is_a ? 0 : 1] = bench_n/std::chrono::duration<double>(t1 - t0).count();
+            }
+            ta.push_back(t[0]);
+            tb.push_back(t[1]);
+            ratio.push_back(t[0]/t[1]);
+        }
+        auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size()/2]; };
+        printf("speed, greedy tg%d, %d rounds AB/BA: megakernel %.1f tok/s, graph %.1f tok/s, ratio %.3f (median of paired ratios)\n",
+               bench_n, rounds, med(ta), med(tb), med(ratio));
+        printf("model size %.3f GB\n", llama_model_size(model)/1e9);
+    }
+
+    llama_free(A.ctx);
+    llama_free(B.ctx);
+    llama_model_free(model);
+    printf("test-mk: %s\n", fails ? "FAILED" : "passed");
+    return fails ? 1 : 0;
+}
