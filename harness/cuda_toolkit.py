@@ -1,0 +1,119 @@
+"""CUDA device code compiled on a machine without a GPU or a CUDA installation.
+
+NVIDIA publishes the CUDA headers and ptxas as PyPI wheels; clang-19 compiles CUDA with them
+(`--cuda-path`, device side only: no fatbinary, no GPU). That checks the megakernel's CUDA sources
+and reports registers and spills on every CI run, between the rare runs on a lent GPU.
+
+    python -m harness.cuda_toolkit [--arch sm_90] FILE.cu ...   # compile check, ptxas report
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from . import config
+from .util import HarnessError, say
+
+# the wheels and what is taken from each (the cuBLAS wheel only for its headers: ggml-cuda includes them)
+WHEELS = {
+    "nvidia-cuda-nvcc-cu12==12.8.93": ("nvidia/cuda_nvcc/include/", "nvidia/cuda_nvcc/bin/ptxas",
+                                       "nvidia/cuda_nvcc/nvvm/libdevice/"),
+    "nvidia-cuda-runtime-cu12==12.8.90": ("nvidia/cuda_runtime/include/",),
+    "nvidia-cuda-cccl-cu12==12.9.27": ("nvidia/cuda_cccl/include/",),
+    "nvidia-cublas-cu12==12.8.4.1": ("nvidia/cublas/include/",),
+}
+VERSION = "12.8"
+
+
+def toolkit_dir() -> Path:
+    return config.cache_dir() / f"cuda-headers-{VERSION}"
+
+
+def ensure_toolkit() -> Path:
+    """A minimal CUDA tree (include/, bin/ptxas, nvvm/libdevice/) for clang's --cuda-path."""
+    tk = toolkit_dir()
+    if (tk / ".complete").exists():
+        return tk
+    dl = config.cache_dir() / "downloads" / "cuda-wheels"
+    dl.mkdir(parents=True, exist_ok=True)
+    say(f"fetching the CUDA {VERSION} headers and ptxas from PyPI into {tk} (once)")
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux2014_x86_64",
+                        "--platform", "manylinux_2_12_x86_64", "-d", str(dl), *WHEELS],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HarnessError(f"pip download of the CUDA wheels failed:\n{r.stderr[-2000:]}")
+    tmp = tk.with_name(tk.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for spec, parts in WHEELS.items():
+        name = spec.split("==")[0].replace("-", "_")
+        whl = sorted(dl.glob(f"{name}-{spec.split('==')[1]}-*.whl"))
+        if not whl:
+            raise HarnessError(f"{spec}: no wheel in {dl} after pip download")
+        with zipfile.ZipFile(whl[0]) as z:
+            for member in z.namelist():
+                for part in parts:
+                    if member.startswith(part) and not member.endswith("/"):
+                        rel = member[len(part):] if part.endswith("/") else Path(member).name
+                        sub = "include" if "/include/" in part else ("nvvm/libdevice" if "libdevice" in part else "bin")
+                        dest = tmp / sub / rel
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        dest.write_bytes(z.read(member))
+    (tmp / "bin" / "ptxas").chmod(0o755)
+    # clang's CUDA wrapper includes a cuRAND header that the kernels never use
+    (tmp / "include" / "curand_mtgp32_kernel.h").write_text("// stub: cuRAND is not used (stq-metal)\n")
+    (tmp / "version.txt").write_text(f"CUDA Version {VERSION}.0\n")
+    (tmp / ".complete").write_text("ok\n")
+    shutil.rmtree(tk, ignore_errors=True)
+    tmp.rename(tk)
+    return tk
+
+
+def compile_check(source: Path, includes: list[Path], arch: str = "sm_90", defines: list[str] | None = None) -> dict:
+    """Compile one .cu for the device only; return {'ok', 'log', 'registers', 'spill_stores', 'spill_loads'}."""
+    clang = shutil.which("clang++-19")
+    if not clang:
+        raise HarnessError("clang++-19 is needed for the CUDA compile check (`./RUNBOOK.sh setup` installs it)")
+    tk = ensure_toolkit()
+    out = config.cache_dir() / "cuda-check" / (source.stem + f".{arch}.cubin")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [clang, "-x", "cuda", f"--cuda-gpu-arch={arch}", f"--cuda-path={tk}", "--cuda-device-only",
+           "-Wno-unknown-cuda-version", "-Wno-invalid-noreturn", "-std=c++17", "-O2", "-c", str(source),
+           "-o", str(out), "-Xcuda-ptxas", "-v", *[f"-I{p}" for p in includes], *[f"-D{d}" for d in defines or []]]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    res = {"ok": r.returncode == 0, "log": log, "cmd": " ".join(cmd)}
+    m = re.search(r"Used (\d+) registers", log)
+    s = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if m:
+        res["registers"] = int(m.group(1))
+    if s:
+        res["spill_stores"], res["spill_loads"] = int(s.group(1)), int(s.group(2))
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="stq-metal cuda-check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("sources", nargs="+", type=Path, help=".cu files to compile for the device")
+    ap.add_argument("--arch", default="sm_90", help="GPU architecture (default sm_90, the H200)")
+    ap.add_argument("-I", dest="includes", action="append", type=Path, default=[], help="include directory")
+    args = ap.parse_args(argv)
+    rc = 0
+    for src in args.sources:
+        res = compile_check(src, args.includes, args.arch)
+        print(f"{src}: {'ok' if res['ok'] else 'FAILED'}; registers {res.get('registers', '?')}, "
+              f"spill stores {res.get('spill_stores', '?')} B, spill loads {res.get('spill_loads', '?')} B")
+        if not res["ok"]:
+            print(res["log"][-4000:])
+            rc = 1
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The Gemma decode megakernel (issue 12): what CI checks without a GPU, and the checks on a GPU.
+
+Without a GPU (CI):
+- the kernel's weight decoding (megakernel/cuda/mk-deq.cuh) compiled for the host and compared with
+  ggml's dequantizers for every supported type; planted decoding bugs must be caught;
+- the CUDA sources compiled for sm_90 with clang-19 and NVIDIA's PyPI headers + ptxas (no GPU
+  needed): compile errors and register spills show up on every run;
+- the CPU build carries the llama.cpp hook: test-mk (megakernel/tests/test-mk.cpp) links against it,
+  the megakernel stays off with one log line naming why, and the CPU graph's verify batches equal
+  one-token decoding bit for bit (patch 0040).
+With a GPU (env STQ_CUDA_BUILD = a CUDA build of the series with GGML_MEGAKERNEL_DIR): test-mk on a
+synthetic Gemma 4 with F16 matrices: logits vs the standard graph, greedy agreement, verify == decode
+for M = 2..8; the planted bug (grid barriers off) must fail. megakernel/device.sh runs the same on the
+lent H200, with the E4B-shaped model and the speed comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import config, cuda_toolkit
+
+MK = config.MEGAKERNEL_DIR
+DEQ = MK / "cuda" / "mk-deq.cuh"
+EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_deq_emu.cpp"
+TEST_MK = MK / "tests" / "test-mk.cpp"
+
+
+def _source_tree(build: Path) -> Path:
+    m = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", (build / "CMakeCache.txt").read_text(errors="replace"), re.M)
+    if not m:
+        pytest.fail(f"{build}/CMakeCache.txt names no source directory")
+    return Path(m.group(1))
+
+
+def _cxx() -> str:
+    for c in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if c and shutil.which(c):
+            return c
+    pytest.skip("no C++ compiler (CXX, c++, g++, clang++)")
+
+
+def _run_deq_emu(tmp_path: Path, cpu_build: Path, header: Path) -> subprocess.CompletedProcess:
+    src = _source_tree(cpu_build)
+    exe = tmp_path / "mk_deq_emu"
+    lib = cpu_build / "bin"
+    cmd = [_cxx(), "-std=c++17", "-O1", f'-DMK_DEQ_PATH="{header}"', f"-I{src}/ggml/include", f"-I{src}/ggml/src",
+           str(EMU), "-o", str(exe), f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"compiling the host emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    return subprocess.run([str(exe), "48"], capture_output=True, text=True, timeout=300)
+
+
+def test_weight_decoding_matches_ggml(tmp_path, cpu_build):
+    r = _run_deq_emu(tmp_path, cpu_build, DEQ)
+    print(r.stdout)
+    ok = re.findall(r"^OK (\S+)", r.stdout, re.M)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(ok) == sorted(["f32", "f16", "bf16", "q4_0", "q5_0", "q8_0", "q4_K", "q6_K", "stq1_0"]), r.stdout
+
+
+@pytest.mark.parametrize("old,new,type_name", [
+    ("w[j + 16] = d*(float) ((q >>  4) - 8);", "w[j + 16] = d*(float) ((q & 0xF) - 8);", "q4_0"),
+    ("const int h1 = (int) ((qh >> (j + 16)) & 1);", "const int h1 = (int) ((qh >> (j + 12)) & 1);", "q5_0"),
+    ("mn = (sc[j + 4] >>  4) | ((sc[j]     >> 6) << 4);", "mn = (sc[j + 4] >>  4) | ((sc[j - 4] >> 6) << 4);", "q4_K"),
+    ("const int lsh = (qd >> 1)*4;", "const int lsh = (qd & 1)*4;", "q6_K"),
+    ("w[gi + 16] = d*(float) (((pat >> (2*p0 + 2)) & 3) - 1);", "w[gi + 16] = d*(float) (((pat >> (2*p0 + 1)) & 3) - 1);", "stq1_0"),
+    ("for (int j = 0; j < 32; ++j) w[j] = j < lim ? r[j] : 0.0f;", "for (int j = 0; j < 32; ++j) w[j] = r[j];", "f32"),
+])
+def test_weight_decoding_emulation_can_fail(tmp_path, cpu_build, old, new, type_name):
+    text = DEQ.read_text()
+    assert old in text, f"mutation target not in {DEQ} (update the test): {old}"
+    mutant = tmp_path / "mk-deq-mutant.cuh"
+    mutant.write_text(text.replace(old, new, 1))
+    r = _run_deq_emu(tmp_path, cpu_build, mutant)
+    assert r.returncode != 0 and re.search(rf"^FAIL {re.escape(type_name)}\b", r.stdout, re.M), \
+        f"planted bug in {type_name} was not detected:\n{r.stdout}"
+
+
+def test_cuda_sources_compile_for_sm90(cpu_build):
+    src = _source_tree(cpu_build)
+    res = cuda_toolkit.compile_check(MK / "cuda" / "mk.cu", [src / "ggml" / "src", src / "ggml" / "include", MK, MK / "cuda"])
+    print(f"mk.cu for sm_90: registers {res.get('registers')}, spill stores {res.get('spill_stores')} B, "
+          f"spill loads {res.get('spill_loads')} B")
+    assert res["ok"], f"{res['cmd']}\n{res['log'][-6000:]}"
+
+
+def _build_test_mk(tmp_path: Path, build: Path) -> Path:
+    src = _source_tree(build)
+    exe = tmp_path / "test-mk"
+    lib = build / "bin"
+    cmd = [_cxx(), "-std=c++17", "-O2", str(TEST_MK), "-o", str(exe), f"-I{src}/include", f"-I{src}/ggml/include",
+           f"-L{lib}", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"building test-mk failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    return exe
+
+
+def test_cpu_build_keeps_the_graph_and_verify_equals_decode(tmp_path, cpu_build, gemma_model):
+    exe = _build_test_mk(tmp_path, cpu_build)
+    env = dict(os.environ, GGML_CPU_BATCH_INVARIANT="32")
+    r = subprocess.run([str(exe), "-m", str(gemma_model), "-n", "6", "--rounds", "0", "-c", "512"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    out = r.stdout + r.stderr
+    print("\n".join(line for line in out.splitlines() if "llama_mk" in line or line.startswith(("verify", "teacher", "free", "test-mk"))))
+    assert re.search(r"llama_mk: megakernel off: .*host memory", out), "no log line saying why the megakernel is off"
+    assert "verify == decode (bitwise), M = 2..8: ok" in out, out[-3000:]
+    assert r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
+
+
+# --- on a GPU ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cuda_build() -> Path:
+    env = os.environ.get("STQ_CUDA_BUILD")
+    if not env:
+        pytest.skip("no GPU run: set STQ_CUDA_BUILD to a CUDA build of the series (megakernel/device.sh does "
+                    "this on the lent H200)")
+    if not shutil.which("nvidia-smi") or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode != 0:
+        pytest.skip("STQ_CUDA_BUILD is set but no NVIDIA GPU is visible (nvidia-smi -L)")
+    return Path(env)
+
+
+@pytest.fixture(scope="module")
+def synth_f16_target(tmp_path_factory, gemma_model) -> Path:
+    from harness import synth_gemma4
+    p = synth_gemma4.SynthParams(matrix_type="F16")
+    target, _ = synth_gemma4.ensure_pair(gemma_model, p=p)
+    return target
+
+
+def test_cuda_megakernel_matches_graph(tmp_path, cuda_build, synth_f16_target):
+    exe = _build_test_mk(tmp_path, cuda_build)
+    r = subprocess.run([str(exe), "-m", str(synth_f16_target), "-n", "160", "--rounds", "0"],
+                       capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    print("\n".join(line for line in out.splitlines() if "llama_mk" in line or line.startswith(("verify", "teacher", "free", "test-mk"))))
+    assert "llama_mk: megakernel on" in out
+    assert r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
+
+
+def test_cuda_megakernel_planted_barrier_bug_fails(tmp_path, cuda_build, synth_f16_target):
+    exe = _build_test_mk(tmp_path, cuda_build)
+    env = dict(os.environ, LLAMA_MEGAKERNEL_DEBUG="1")
+    r = subprocess.run([str(exe), "-m", str(synth_f16_target), "-n", "16", "--rounds", "0"],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode != 0 and "test-mk: FAILED" in r.stdout, "grid barriers off went unnoticed:\n" + r.stdout[-3000:]
