@@ -98,7 +98,7 @@ stage_test() {
 stage_bench() {
     for m in ${MK_MODELS:-small}; do
         log "speed on $m"
-        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds "${MK_ROUNDS:-6}" --bench-n "${MK_BENCH_N:-64}" --max-nmse 10 --max-disagree 100 2>&1 | grep -E "speed|model size|test-mk:|llama_mk" | tail -8
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds "${MK_ROUNDS:-6}" --bench-n "${MK_BENCH_N:-64}" --max-nmse 10 --max-disagree 100 --verify-cost 2>&1 | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk" | tail -8
     done
 }
 

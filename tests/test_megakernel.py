@@ -151,3 +151,17 @@ def test_cuda_megakernel_planted_barrier_bug_fails(tmp_path, cuda_build, synth_f
     r = subprocess.run([str(exe), "-m", str(synth_f16_target), "-n", "16", "--rounds", "0"],
                        capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode != 0 and "test-mk: FAILED" in r.stdout, "grid barriers off went unnoticed:\n" + r.stdout[-3000:]
+
+
+def test_bench_megakernel_runs_end_to_end_on_the_cpu_build(tmp_path, cpu_build, gemma_model):
+    """The bench's plumbing (build test-mk, AB/BA rounds, verify cost, JSON) on the CPU build, where both
+    contexts run the graph: the ratio is ~1 and the megakernel reports itself off."""
+    import json
+    from harness import bench_megakernel
+    out = tmp_path / "bench.json"
+    rc = bench_megakernel.main(["--build", str(cpu_build), "--model", str(gemma_model), "--rounds", "2", "--tg", "4",
+                                "--verify-cost", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert rc == 0 and res["megakernel"].startswith("off"), res
+    assert res["megakernel_tok_s"] > 0 and res["graph_tok_s"] > 0 and 0.2 < res["ratio"] < 5, res
+    assert sorted(res["verify_megakernel"]) == ["1", "2", "3", "4", "5"], res

@@ -7,7 +7,9 @@
 //  1. teacher-forced logits A vs B over N steps (NMSE per step, argmax agreement, margins);
 //  2. free-running greedy A vs B (first divergence and its logit margin in B);
 //  3. verify == decode: on A, a batch of M = 2..8 tokens gives each row the bits of M one-token steps;
-//  4. speed: greedy tok/s A vs B, rounds in AB/BA order, medians and the median of paired ratios.
+//  4. speed: greedy tok/s A vs B, rounds in AB/BA order, medians and the median of paired ratios;
+//  5. with --verify-cost: the time of one M-token verify batch over one-token steps, M = 1..5, on A
+//     and on B (rounds alternate the order of M).
 #include "llama.h"
 
 #include <algorithm>
@@ -89,6 +91,7 @@ int main(int argc, char ** argv) {
     std::string prompt_text = "The history of the printing press begins in";
     int n_steps = 128, fa = 0, rounds = 6, bench_n = 64, n_ctx = 2048, max_disagree = -1;
     double max_nmse = 1e-4;
+    bool verify_cost = false;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto next = [&]() { if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); exit(2); } return std::string(argv[++i]); };
@@ -101,7 +104,8 @@ int main(int argc, char ** argv) {
         else if (a == "-c") n_ctx = std::stoi(next());
         else if (a == "--max-nmse") max_nmse = std::stod(next());
         else if (a == "--max-disagree") max_disagree = std::stoi(next());
-        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N]\n", argv[0]); return 2; }
+        else if (a == "--verify-cost") verify_cost = true;
+        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost]\n", argv[0]); return 2; }
     }
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
@@ -245,6 +249,45 @@ int main(int argc, char ** argv) {
         printf("speed, greedy tg%d, %d rounds AB/BA: megakernel %.1f tok/s, graph %.1f tok/s, ratio %.3f (median of paired ratios)\n",
                bench_n, rounds, med(ta), med(tb), med(ratio));
         printf("model size %.3f GB\n", llama_model_size(model)/1e9);
+    }
+
+    // 5. verify cost: one batch of M tokens vs one token, M = 1..5
+    if (verify_cost && rounds > 0) {
+        auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size()/2]; };
+        for (int k = 0; k < 2; ++k) {
+            ctx_t & c = k == 0 ? A : B;
+            prefill(c, prompt);
+            const int p0 = np;
+            std::vector<std::vector<double>> t(6);
+            const int reps = 8;
+            for (int r = 0; r < rounds; ++r) {
+                for (int i = 1; i <= 5; ++i) {
+                    const int M = (r % 2 == 0) ? i : 6 - i;
+                    llama_batch b = llama_batch_init(M, 0, 1);
+                    b.n_tokens = M;
+                    for (int j = 0; j < M; ++j) {
+                        b.token[j] = gen_a[j % gen_a.size()];
+                        b.pos[j] = p0 + j;
+                        b.n_seq_id[j] = 1;
+                        b.seq_id[j][0] = 0;
+                        b.logits[j] = 1;
+                    }
+                    auto t0 = std::chrono::steady_clock::now();
+                    for (int rep = 0; rep < reps; ++rep) {
+                        decode_or_die(c.ctx, b, "verify cost");
+                        llama_get_logits_ith(c.ctx, M - 1); // waits for the result
+                        llama_memory_seq_rm(llama_get_memory(c.ctx), 0, p0, -1);
+                    }
+                    auto t1 = std::chrono::steady_clock::now();
+                    t[M].push_back(std::chrono::duration<double>(t1 - t0).count()*1e6/reps);
+                    llama_batch_free(b);
+                }
+            }
+            printf("verify cost (%s): ", k == 0 ? "megakernel" : "graph");
+            for (int M = 1; M <= 5; ++M) {
+                printf("M=%d %.1f us (%.2fx)%s", M, med(t[M]), med(t[M])/med(t[1]), M < 5 ? ", " : "\n");
+            }
+        }
     }
 
     llama_free(A.ctx);

@@ -1,0 +1,101 @@
+"""`stq-metal bench megakernel`: the Gemma decode megakernel vs llama.cpp's standard graph.
+
+One process, one model, two contexts (megakernel on / LLAMA_MEGAKERNEL=0), greedy decode timed in
+rounds of alternating order (AB/BA), medians and the median of the paired ratios; with --verify-cost
+also the time of one verify batch of M = 1..5 tokens over one token. Needs a CUDA build of the series
+(the megakernel is built in when the harness builds it) and a GPU; on the lent H200 run
+`bash megakernel/device.sh bench` (it makes the E4B-shaped model there).
+
+    stq-metal bench megakernel --build BUILD_DIR --model MODEL.gguf [--rounds 6] [--tg 64] [--verify-cost]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import config
+from .util import HarnessError, which
+
+TEST_MK = config.MEGAKERNEL_DIR / "tests" / "test-mk.cpp"
+
+
+def build_test_mk(build: Path, out: Path) -> Path:
+    cache = (build / "CMakeCache.txt")
+    if not cache.is_file():
+        raise HarnessError(f"{build} is not a cmake build directory (no CMakeCache.txt)")
+    m = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", cache.read_text(errors="replace"), re.M)
+    if not m:
+        raise HarnessError(f"{cache} names no source directory")
+    src, lib = Path(m.group(1)), build / "bin"
+    cxx = which(["c++", "g++", "clang++"])
+    if not cxx:
+        raise HarnessError("no C++ compiler (c++, g++, clang++) to build test-mk")
+    cmd = [cxx, "-std=c++17", "-O2", str(TEST_MK), "-o", str(out), f"-I{src}/include", f"-I{src}/ggml/include",
+           f"-L{lib}", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HarnessError(f"building test-mk failed:\n{' '.join(cmd)}\n{r.stderr[-3000:]}")
+    return out
+
+
+def parse(out: str) -> dict:
+    res: dict = {}
+    m = re.search(r"speed, greedy tg(\d+), (\d+) rounds AB/BA: megakernel ([\d.]+) tok/s, graph ([\d.]+) tok/s, "
+                  r"ratio ([\d.]+)", out)
+    if m:
+        res.update(tg=int(m.group(1)), rounds=int(m.group(2)), megakernel_tok_s=float(m.group(3)),
+                   graph_tok_s=float(m.group(4)), ratio=float(m.group(5)))
+    for who in ("megakernel", "graph"):
+        m = re.search(rf"verify cost \({who}\): (.*)", out)
+        if m:
+            res[f"verify_{who}"] = {int(a): float(b) for a, b in re.findall(r"M=(\d+) [\d.]+ us \(([\d.]+)x\)", m.group(1))}
+    on = re.search(r"llama_mk: megakernel (on .*|off.*)", out)
+    res["megakernel"] = on.group(1) if on else "no llama_mk line (build without GGML_MEGAKERNEL_DIR?)"
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="stq-metal bench megakernel", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", type=Path, required=True, help="CUDA build directory of the series (bin/ with libllama)")
+    ap.add_argument("--model", type=Path, required=True, help="a gemma3/gemma4 GGUF")
+    ap.add_argument("--rounds", type=int, default=6, help="AB/BA rounds (default 6)")
+    ap.add_argument("--tg", type=int, default=64, help="tokens generated per round (default 64)")
+    ap.add_argument("--fa", type=int, choices=(0, 1), default=0, help="flash attention for the graph (default 0)")
+    ap.add_argument("--verify-cost", action="store_true", help="also time verify batches of M = 1..5 tokens")
+    ap.add_argument("--json", type=Path, help="write the results here as JSON")
+    args = ap.parse_args(argv)
+    if not args.model.is_file():
+        raise HarnessError(f"model {args.model} does not exist")
+    with tempfile.TemporaryDirectory() as td:
+        exe = build_test_mk(args.build, Path(td) / "test-mk")
+        cmd = [str(exe), "-m", str(args.model), "-n", "8", "--rounds", str(args.rounds), "--bench-n", str(args.tg),
+               "--fa", str(args.fa), "--max-nmse", "10", "--max-disagree", "100"]
+        if args.verify_cost:
+            cmd.append("--verify-cost")
+        print("running:", " ".join(cmd), flush=True)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    res = parse(out)
+    if "ratio" not in res:
+        print(out[-4000:], file=sys.stderr)
+        raise HarnessError(f"test-mk printed no speed line (exit {r.returncode})")
+    print(f"megakernel: {res['megakernel']}")
+    print(f"| tok/s megakernel | tok/s graph | ratio (median of paired, {res['rounds']} rounds AB/BA, tg{res['tg']}) |")
+    print(f"| {res['megakernel_tok_s']:.1f} | {res['graph_tok_s']:.1f} | {res['ratio']:.3f} |")
+    for who in ("megakernel", "graph"):
+        if f"verify_{who}" in res:
+            costs = ", ".join(f"M={k}: {v:.2f}x" for k, v in res[f"verify_{who}"].items())
+            print(f"verify cost / one token ({who}): {costs}")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
