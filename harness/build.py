@@ -82,10 +82,13 @@ def cmake_args(src: Path, bdir: Path, backend: str, extra: list[str], cuda_arch:
     return args + backend_flags(backend, cuda_arch) + list(extra)
 
 
-def _dir_hash(d: Path) -> str:
+def _dir_hash(d: Path, suffixes: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256()
     if d.is_dir():
         for p in sorted(d.rglob("*")):
+            rel_parts = p.relative_to(d).parts
+            if suffixes and p.suffix not in suffixes or rel_parts[0] in skip:
+                continue
             if p.is_file() and "__pycache__" not in p.parts:
                 h.update(str(p.relative_to(d)).encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
@@ -103,7 +106,8 @@ def build_key(tree: Path, backend: str, options: list[str]) -> str:
     h.update("\0".join(options).encode())
     if backend == "metal-emu":
         h.update(_dir_hash(config.METAL_SRC_DIR).encode())
-    h.update(_dir_hash(config.MEGAKERNEL_DIR).encode())
+    # the sources the build compiles (not megakernel/tests, its scripts or docs)
+    h.update(_dir_hash(config.MEGAKERNEL_DIR, suffixes=(".h", ".cpp", ".cu", ".cuh"), skip=("tests",)).encode())
     return h.hexdigest()[:16]
 
 
