@@ -172,17 +172,20 @@ struct llama_mk_builder {
 };
 
 llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cparams) {
+    // opt-in until it beats the graph: the first version decodes slower than llama.cpp's CUDA graph
+    // (NOTES.md, 2026-11-30); LLAMA_MEGAKERNEL=1 turns it on, 0 (or unset) keeps the graph
     const char * env = getenv("LLAMA_MEGAKERNEL");
-    if (env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0)) {
-        LLAMA_LOG_INFO("llama_mk: megakernel off (LLAMA_MEGAKERNEL=%s)\n", env);
-        return nullptr;
-    }
+    const bool on = env && (strcmp(env, "1") == 0 || strcmp(env, "on") == 0);
 
     const auto & hp = model.hparams;
     const bool is_g3 = model.arch == LLM_ARCH_GEMMA3;
     const bool is_g4 = model.arch == LLM_ARCH_GEMMA4;
     if (!is_g3 && !is_g4) {
         return nullptr; // other architectures: silently the standard graph
+    }
+    if (!on) {
+        LLAMA_LOG_INFO("llama_mk: megakernel off (LLAMA_MEGAKERNEL=%s; set LLAMA_MEGAKERNEL=1 to use it)\n", env ? env : "unset");
+        return nullptr;
     }
 
     auto off = [](const std::string & why) {
