@@ -7,8 +7,12 @@
 # There: run(command="bash megakernel/device.sh STAGES", carry=[".dev"])
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
 #   bench, sanitize. Logs and results under $OUT.
-# Environment: MK_MODELS (default "small"): small = synthetic gemma4 pair (harness/synth_gemma4.py),
-#   e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the GPU (megakernel/synth_gpu.py).
+# Environment: MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
+#   matrices (harness/synth_gemma4.py), e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
+#   GPU (megakernel/synth_gpu.py), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
+#     split -b 45M "$(.venv/bin/stq-metal model)" /tmp/g3.   # here, once
+#     for each piece P: cp P .dev/mk/piece && run("bash megakernel/device.sh receive") in quick succession
+#     (the machine keeps /tmp only while warm: 30 s between calls); the last call verifies the sha256.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,6 +70,8 @@ stage_models() {
             [ -f "$MODELS/$m/gemma4-synth-target.gguf" ] || \
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/harness/synth_gemma4.py" --matrix-type $mt \
                     --tokenizer-from "$DEV/mk/tokenizer.gguf" --out-dir "$MODELS/$m" | tail -1 ;;
+        gemma3)
+            [ -f "$MODELS/gemma3.gguf" ] || { echo "gemma3: not received (stage receive)"; return 1; } ;;
         e2b|e4b)
             [ -f "$MODELS/$m.gguf" ] || \
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/megakernel/synth_gpu.py" --shape "$m" \
@@ -73,6 +79,20 @@ stage_models() {
         *) echo "unknown model $m"; return 2 ;;
         esac
     done
+}
+
+GEMMA3_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  # FACTS.md
+GEMMA3_BYTES=253113024
+
+stage_receive() {
+    local part="$MODELS/gemma3.gguf.part"
+    cat "$DEV/mk/piece" >> "$part" || return 1
+    local have
+    have=$(stat -c %s "$part")
+    log "gemma3: $have of $GEMMA3_BYTES bytes"
+    if [ "$have" -ge "$GEMMA3_BYTES" ]; then
+        echo "$GEMMA3_SHA256  $part" | sha256sum -c --quiet && mv "$part" "$MODELS/gemma3.gguf" && log "gemma3 complete, sha256 ok"
+    fi
 }
 
 model_path() {
