@@ -108,7 +108,7 @@ stage_test() {
         local tol=""
         # Q4_0/Q8_0 matrices: the graph rounds activations to q8_1 (mmvq), the megakernel does not; on
         # this random, chaotic model those differences grow along the sequence: report, do not judge
-        case "$m" in small|e2b|e4b) tol="--max-nmse 10 --max-disagree 1000" ;; esac
+        case "$m" in small|e2b|e4b|gemma3) tol="--max-nmse 10 --max-disagree 1000" ;; esac
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n "${MK_TEST_N:-160}" --rounds 0 $tol 2>&1 | grep -v "^llama_\|^load\|^print_info\|^\.\.\.\|^init\|^graph\|^sched" | tail -40
         log "planted bug: grid barriers off (LLAMA_MEGAKERNEL_DEBUG=1) must FAIL"
         LLAMA_MEGAKERNEL_DEBUG=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 16 --rounds 0 $tol 2>&1 | grep -E "teacher|verify ==|test-mk:" | tail -5 || true
