@@ -389,14 +389,26 @@ bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_c
             return false;
         }
     }
-    const int nseq = (int) ubatch.n_seqs_unq;
     for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
         if (ubatch.n_seq_id[i] != 1) {
             llama_mk_say_once(mk, "a token in several sequences");
             return false;
         }
     }
-    GGML_UNUSED(nseq);
+    // one KV stream per ubatch (a non-unified cache with -np N spreads a batch over N streams, each
+    // with its own cells and mask: not handled yet)
+    if (!mk->ctx_views) {
+        ggml_init_params ip = { (size_t) 4*GGML_MK_MAX_LAYERS*ggml_tensor_overhead(), nullptr, true };
+        mk->ctx_views = ggml_init(ip);
+    }
+    ggml_reset(mk->ctx_views);
+    for (int il = 0; il < mk->plan.n_layer; ++il) {
+        const int c = (mk->plan.layers[il].is_swa && kc[1]) ? 1 : 0;
+        if (kc[c]->get_k(mk->ctx_views, il)->ne[3] != 1) {
+            llama_mk_say_once(mk, "a batch across several KV streams (-np N without a unified KV cache)");
+            return false;
+        }
+    }
     return true;
 }
 
@@ -472,37 +484,25 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         // llama.cpp's own cell indices and mask (the same calls its graph inputs make)
         kc[c]->set_input_k_idxs(mk->t_idx[c], &ubatch);
         kc[c]->set_input_kq_mask(mk->t_mask[c], &ubatch, true);
-        const int64_t * idx = (const int64_t *) mk->t_idx[c]->data;
-        for (uint32_t i = 0; i < n_tokens; ++i) {
-            st.kv_idx[c][i] = idx[i];
-        }
         st.mask[c] = (const float *) mk->t_mask[c]->data;
     }
-    if (!kc[1]) {
-        // one cache for all layers: the SWA slot aliases it
-        st.n_kv[1] = st.n_kv[0];
-        st.mask[1] = st.mask[0];
-        for (uint32_t i = 0; i < n_tokens; ++i) {
-            st.kv_idx[1][i] = st.kv_idx[0][i];
-        }
-    }
-
-    // per-layer cache views (the layer a shared-KV layer reads resolves inside get_k/get_v)
-    if (!mk->ctx_views) {
-        ggml_init_params ip = { (size_t) 4*GGML_MK_MAX_LAYERS*ggml_tensor_overhead(), nullptr, true };
-        mk->ctx_views = ggml_init(ip);
-    }
+    // per-layer cache views (the layer a shared-KV layer reads resolves inside get_k/get_v); they start
+    // at the ubatch's stream, while set_input_k_idxs counts rows from the start of the whole tensor
     ggml_reset(mk->ctx_views);
+    int64_t first_cell[GGML_MK_N_CACHES] = { -1, -1 };
     for (int il = 0; il < p.n_layer; ++il) {
         const int c = (p.layers[il].is_swa && kc[1]) ? 1 : 0;
         ggml_tensor * k = kc[c]->get_k(mk->ctx_views, il);
+        if (first_cell[c] < 0) {
+            first_cell[c] = (int64_t) (k->view_offs / k->nb[2]);
+        }
         ggml_tensor * v = kc[c]->get_v(mk->ctx_views, il);
         ggml_mk_kv_view & kv = st.kv[il];
         kv.k    = k->data;
         kv.k_sh = (int64_t) k->nb[1];
         kv.k_sc = (int64_t) k->nb[2];
         kv.v    = v->data;
-        if (v->ne[0] == p.layers[il].head_dim && v->ne[2] == (int64_t) n_kv[c]) {
+        if (v->nb[1] <= v->nb[2]) { // [head_dim, n_head_kv, n_kv] (llama_kv_cache::get_v: only transposed V has nb[1] > nb[2])
             kv.v_sd = (int64_t) v->nb[0];
             kv.v_sh = (int64_t) v->nb[1];
             kv.v_sc = (int64_t) v->nb[2];
@@ -510,6 +510,24 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
             kv.v_sc = (int64_t) v->nb[0];
             kv.v_sh = (int64_t) v->nb[1];
             kv.v_sd = (int64_t) v->nb[2];
+        }
+    }
+
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        if (!kc[c]) {
+            continue;
+        }
+        const int64_t * idx = (const int64_t *) mk->t_idx[c]->data;
+        for (uint32_t i = 0; i < n_tokens; ++i) {
+            st.kv_idx[c][i] = idx[i] - std::max<int64_t>(first_cell[c], 0);
+        }
+    }
+    if (!kc[1]) {
+        // one cache for all layers: the SWA slot aliases it
+        st.n_kv[1] = st.n_kv[0];
+        st.mask[1] = st.mask[0];
+        for (uint32_t i = 0; i < n_tokens; ++i) {
+            st.kv_idx[1][i] = st.kv_idx[0][i];
         }
     }
 
