@@ -6,7 +6,8 @@
 #            --tokenizer-only .dev/mk/tokenizer.gguf   # (once) the tokenizer the models need
 # There: run(command="bash megakernel/device.sh STAGES", carry=[".dev"])
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
-#   bench, sanitize. Logs and results under $OUT.
+#   bench, sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
+#   reasons), sanitize. Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
 #   GPU (megakernel/synth_gpu.py), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
@@ -120,6 +121,27 @@ stage_bench() {
         log "speed on $m"
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds "${MK_ROUNDS:-6}" --bench-n "${MK_BENCH_N:-64}" --max-nmse 10 --max-disagree 100 --verify-cost 2>&1 | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk" | tail -8
     done
+}
+
+stage_sweep() {
+    for m in ${MK_MODELS:-small}; do
+        for b in 1 2 3; do
+            log "sweep $m: LLAMA_MEGAKERNEL_BLOCKS_PER_SM=$b"
+            LLAMA_MEGAKERNEL_BLOCKS_PER_SM=$b "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds 4 --bench-n 32 \
+                --max-nmse 10 --max-disagree 100 2>&1 | tee -a "$OUT/sweep.log" | grep -E "^speed" || true
+        done
+    done
+}
+
+stage_ncu() {
+    local m
+    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    log "ncu: one megakernel decode launch on $m"
+    LLAMA_MEGAKERNEL=1 ncu --clock-control none -k regex:mk_decode_kernel --launch-skip 20 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section SchedulerStats \
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 \
+        | grep -v "^==PROF==" | tee "$OUT/ncu.log" | grep -E "Duration|Throughput|Stall|Warp Cycles|Registers|Achieved|Issued" | head -40
 }
 
 stage_sanitize() {
