@@ -41,7 +41,7 @@ stage_check() {
     log "nvcc syntax check of megakernel/cuda/mk.cu"
     nvcc -std=c++17 -arch=sm_90 -c -o /dev/null "$HERE/megakernel/cuda/mk.cu" \
         -I"$SRC/ggml/src" -I"$SRC/ggml/include" -I"$HERE/megakernel" -I"$HERE/megakernel/cuda" \
-        -Xptxas -v 2>&1 | grep -v "^ptxas info    : Function properties for" | tail -30
+        -Xptxas -v 2>&1 | tee "$OUT/check.log" | grep -v "^ptxas info    : Function properties for" | tail -30
     return "${PIPESTATUS[0]}"
 }
 
@@ -110,9 +110,9 @@ stage_test() {
         # Q4_0/Q8_0 matrices: the graph rounds activations to q8_1 (mmvq), the megakernel does not; on
         # this random, chaotic model those differences grow along the sequence: report, do not judge
         case "$m" in small|e2b|e4b|gemma3) tol="--max-nmse 10 --max-disagree 1000" ;; esac
-        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n "${MK_TEST_N:-160}" --rounds 0 $tol 2>&1 | grep -v "^llama_\|^load\|^print_info\|^\.\.\.\|^init\|^graph\|^sched" | tail -40
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n "${MK_TEST_N:-160}" --rounds 0 $tol 2>&1 | tee -a "$OUT/test.log" | grep -v "^llama_\|^load\|^print_info\|^\.\.\.\|^init\|^graph\|^sched" | tail -40
         log "planted bug: grid barriers off (LLAMA_MEGAKERNEL_DEBUG=1) must FAIL"
-        LLAMA_MEGAKERNEL_DEBUG=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 16 --rounds 0 $tol 2>&1 | grep -E "teacher|verify ==|test-mk:" | tail -5 || true
+        LLAMA_MEGAKERNEL_DEBUG=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 16 --rounds 0 $tol 2>&1 | tee -a "$OUT/test.log" | grep -E "teacher|verify ==|test-mk:" | tail -5 || true
     done
 }
 
@@ -147,7 +147,7 @@ stage_ncu() {
 stage_sanitize() {
     for tool in ${MK_SAN_TOOLS:-memcheck synccheck racecheck}; do
         log "compute-sanitizer $tool"
-        compute-sanitizer --tool $tool --error-exitcode 3 "$BLD/bin/test-mk" -m "$(model_path small-f16)" -n 2 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|test-mk:" | head -8
+        compute-sanitizer --tool $tool --error-exitcode 3 "$BLD/bin/test-mk" -m "$(model_path small-f16)" -n 2 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 | tee -a "$OUT/sanitize.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|test-mk:" | head -8
     done
 }
 
