@@ -107,7 +107,7 @@ def run_shape(driver: Path, m: int, k: int, threads: int, rounds: int, reps: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python harness/bench_cpu.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="stq-metal bench cpu", description=__doc__.split("\n\n")[0],
                                  epilog="Prints a table of median times and ratios STQ1_0 / other "
                                         "(balanced AB/BA rounds, medians).")
     ap.add_argument("--build", type=Path, default=None,

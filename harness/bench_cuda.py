@@ -273,7 +273,7 @@ class Bench:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_cuda.py", description=__doc__,
+    ap = argparse.ArgumentParser(prog="stq-metal bench cuda", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Workloads: " + ", ".join(WORKLOADS) + ". Types: " + ", ".join(TYPES))
     ap.add_argument("--build", type=Path, required=True, help="CUDA build dir of the series (bin/, shared libs)")

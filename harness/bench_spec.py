@@ -38,7 +38,7 @@ def bench_once(bin_dir: Path, model: Path, env_value: str | None, threads: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_spec", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="stq-metal bench spec", description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", type=Path, required=True, help="folder with llama-bench")
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=4, help="AB/BA rounds (default 4)")

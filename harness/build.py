@@ -12,9 +12,13 @@ import hashlib
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
+import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `harness` importable
@@ -141,9 +145,9 @@ def build(tree: Path, backend: str = "cpu", targets: tuple[str, ...] | list[str]
         say(f"configuring {backend} build in {bdir}")
         run_logged(cmake_args(tree, bdir, backend, extra, cuda_arch), bdir / "configure.log",
                    step=f"cmake configure ({backend})", echo=False, env=env)
-    say(f"building {', '.join(want)} with {jobs} jobs (log: {bdir / 'build.log'})")
-    run_logged(["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *want], bdir / "build.log",
-               step=f"cmake build ({backend})", env=env)
+    say(f"building {', '.join(want)} with {jobs} jobs (compiler output: {bdir / 'build.log'})")
+    run_build(["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *want], bdir / "build.log",
+              step=f"cmake build ({backend})", env=env)
     have = set(want)
     if stamp.exists():
         have |= set(json.loads(stamp.read_text()).get("targets", []))
@@ -151,6 +155,45 @@ def build(tree: Path, backend: str = "cpu", targets: tuple[str, ...] | list[str]
     say(f"built in {time.time() - t0:.0f} s: {bdir}")
     _prune(backend, bdir)
     return bdir
+
+
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\] ")
+
+
+def run_build(cmd: list[str], log: Path, step: str, env: dict[str, str] | None = None,
+              every: int = 10) -> None:
+    """Run a build with all compiler output in `log` and only progress on the terminal: a line at
+    every `every` percent of ninja's [done/total] steps, then the number of warnings (GCC 12 prints
+    hundreds of false -Wuninitialized ones from its AVX-512 headers; they stay in the log).
+    On failure raise HarnessError naming the step, the log, and the errors from its end."""
+    full_env = dict(os.environ, **(env or {}))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    last: deque[str] = deque(maxlen=60)
+    warnings = shown = 0
+    with open(log, "w") as lf:
+        lf.write(f"$ {shlex.join(cmd)}\n")
+        p = subprocess.Popen(cmd, env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             bufsize=1, errors="replace")
+        assert p.stdout is not None
+        for line in p.stdout:
+            lf.write(line)
+            last.append(line.rstrip("\n"))
+            if "warning:" in line:
+                warnings += 1
+            m = _NINJA_STEP.match(line)
+            if m:
+                done, total = int(m.group(1)), int(m.group(2))
+                pct = done * 100 // max(total, 1)
+                if pct >= shown + every or done == total:
+                    shown = pct - pct % every
+                    say(f"  {step}: {done}/{total} steps ({pct}%)")
+        rc = p.wait()
+    if warnings:
+        say(f"  {warnings} compiler warnings (in {log})")
+    if rc != 0:
+        errs = [x for x in last if "error" in x.lower() or "FAILED" in x]
+        raise HarnessError(f"{step} failed (exit {rc}).\n  command: {shlex.join(cmd)}\n  full log: {log}\n"
+                           f"--- last lines ---\n" + "\n".join(errs[-20:] or list(last)[-30:]))
 
 
 def ensure_build(backend: str = "cpu", targets=DEFAULT_TARGETS, tree: Path | None = None,

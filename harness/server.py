@@ -1,4 +1,9 @@
-"""Manage one llama-server: start (pid file, log file, health wait), stop (clean shutdown), status."""
+"""Manage one llama-server: start (pid file, log file, health wait), stop (clean shutdown), status.
+
+Each server has a name: its pid record is run/NAME.json and its log run/NAME.log (overwritten by the
+next start of that name). `serve start` (the user's server) allows one at a time; servers of tests,
+the demo and benchmarks (`running()`) are ephemeral, run on free ports beside it, and their logs
+(run/ctx-*.log) are pruned to the newest KEEP_EPHEMERAL_LOGS."""
 
 from __future__ import annotations
 
@@ -11,8 +16,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import config
+from . import config, models
 from .util import HarnessError, atomic_write_bytes, say
+
+EPHEMERAL_PREFIX = "ctx-"
+KEEP_EPHEMERAL_LOGS = 5
 
 
 def pid_file(name: str = "server") -> Path:
@@ -65,6 +73,43 @@ def health(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
         return False
 
 
+def running_servers(include_ephemeral: bool = False) -> list[dict]:
+    """Records of every live server with a pid file (stale pid files are removed)."""
+    out = []
+    d = config.run_dir()
+    for pf in sorted(d.glob("*.json")) if d.is_dir() else []:
+        name = pf.stem
+        if not include_ephemeral and name.startswith(EPHEMERAL_PREFIX):
+            continue
+        try:
+            info = json.loads(pf.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("ephemeral") and not include_ephemeral:
+            continue
+        if _alive(int(info.get("pid", 0) or 0)):
+            out.append(dict(info, name=name))
+        else:
+            pf.unlink(missing_ok=True)
+    return out
+
+
+def resolve_name(name: str | None) -> str:
+    """`status`/`stop` without --name: the one user server that runs (else the default name)."""
+    if name:
+        return name
+    live = running_servers()
+    return live[0]["name"] if len(live) == 1 else "server"
+
+
+def _prune_ephemeral_logs(keep: int = KEEP_EPHEMERAL_LOGS) -> None:
+    d = config.run_dir()
+    logs = sorted(d.glob(f"{EPHEMERAL_PREFIX}*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for log in logs[keep:]:
+        if not log.with_suffix(".json").exists():  # never the log of a server that still runs
+            log.unlink(missing_ok=True)
+
+
 def status(name: str = "server") -> dict | None:
     """The pid-file record of a running server (with `healthy`), or None. Removes a stale pid file."""
     pf = pid_file(name)
@@ -79,12 +124,23 @@ def status(name: str = "server") -> dict | None:
 
 
 def start(binary: Path, model: Path, port: int = 8080, host: str = "127.0.0.1", args: list[str] | None = None,
-          name: str = "server", timeout: float = 180.0) -> dict:
+          name: str = "server", timeout: float = 180.0, chat_template: str | None = "auto",
+          ephemeral: bool = False) -> dict:
+    """Start llama-server --jinja on `model`. The model is checked first (models.check_gguf: a
+    truncated file is named with the byte where it ends). chat_template "auto" adds Gemma's turn
+    format for a Gemma GGUF without its own template (models.chat_template_args); None adds nothing."""
     binary, model = Path(binary), Path(model)
     if not binary.exists():
         raise HarnessError(f"llama-server binary not found: {binary} (build it: python harness/build.py --build)")
     if not model.exists():
         raise HarnessError(f"model file not found: {model}")
+    layout = models.check_gguf(model)
+    args = list(args or [])
+    if chat_template == "auto":
+        tmpl = models.chat_template_args(layout, args)
+        if tmpl:
+            say(f"{model.name} has no chat template: using Gemma's turn format ({Path(tmpl[-1]).name})")
+        args = tmpl + args
     cur = status(name)
     if cur:
         raise HarnessError(f"a server '{name}' is already running (pid {cur['pid']}, port {cur['port']}, "
@@ -94,15 +150,17 @@ def start(binary: Path, model: Path, port: int = 8080, host: str = "127.0.0.1", 
                            f"(choose another with --port)")
     config.run_dir().mkdir(parents=True, exist_ok=True)
     log = config.run_dir() / f"{name}.log"
-    cmd = [str(binary), "-m", str(model), "--host", host, "--port", str(port), "--jinja", *(args or [])]
+    cmd = [str(binary), "-m", str(model), "--host", host, "--port", str(port), "--jinja", *args]
     with open(log, "w") as lf:
         lf.write("$ " + " ".join(cmd) + "\n")
         lf.flush()
         proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     info = {"pid": proc.pid, "port": port, "host": host, "model": str(model), "log": str(log),
-            "cmd": cmd, "started": time.time()}
+            "cmd": cmd, "started": time.time(), "ephemeral": ephemeral}
     atomic_write_bytes(pid_file(name), json.dumps(info, indent=1).encode())
+    if name.startswith(EPHEMERAL_PREFIX):
+        _prune_ephemeral_logs()
     say(f"llama-server starting (pid {proc.pid}, http://{host}:{port}, log {log})")
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -153,23 +211,45 @@ def stop(name: str = "server") -> bool:
     return True
 
 
-def chat(port: int, prompt: str, max_tokens: int = 64, host: str = "127.0.0.1", **extra) -> dict:
-    """One OpenAI-style chat completion at temperature 0 (unless overridden)."""
+def _messages(prompt: str | list[dict], system: str | None = None) -> list[dict]:
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    return ([{"role": "system", "content": system}] if system else []) + msgs
+
+
+def _post(port: int, path: str, body: dict, host: str = "127.0.0.1", timeout: float = 600) -> dict:
     import requests
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0.0, **extra}
-    r = requests.post(f"http://{host}:{port}/v1/chat/completions", json=body, timeout=600)
+    r = requests.post(f"http://{host}:{port}{path}", json=body, timeout=timeout)
     if r.status_code != 200:
-        raise HarnessError(f"chat completion failed: HTTP {r.status_code}: {r.text[:500]}")
+        raise HarnessError(f"{path} failed: HTTP {r.status_code}: {r.text[:500]}")
     return r.json()
+
+
+def chat(port: int, prompt: str | list[dict], max_tokens: int = 64, host: str = "127.0.0.1",
+         system: str | None = None, **extra) -> dict:
+    """One OpenAI-style chat completion at temperature 0 (unless overridden). `prompt` is the user
+    message, or a whole list of messages."""
+    body = {"messages": _messages(prompt, system), "max_tokens": max_tokens, "temperature": 0.0, **extra}
+    return _post(port, "/v1/chat/completions", body, host)
+
+
+def apply_template(port: int, prompt: str | list[dict], host: str = "127.0.0.1", system: str | None = None) -> str:
+    """The prompt text the server builds from these messages (its /apply-template endpoint)."""
+    return _post(port, "/apply-template", {"messages": _messages(prompt, system)}, host)["prompt"]
+
+
+def tokenize(port: int, text: str, host: str = "127.0.0.1", add_special: bool = True) -> list[int]:
+    """The server's tokenization of `text` (special tokens parsed; BOS added when the model adds it)."""
+    return _post(port, "/tokenize", {"content": text, "add_special": add_special, "parse_special": True},
+                 host)["tokens"]
 
 
 @contextlib.contextmanager
 def running(binary: Path, model: Path, args: list[str] | None = None, name: str | None = None,
-            port: int | None = None, timeout: float = 180.0):
-    """Context manager for tests and demos: a server on a free loopback port, always stopped."""
-    name = name or f"ctx-{os.getpid()}-{time.monotonic_ns()}"
-    info = start(binary, model, port or free_port(), args=args, name=name, timeout=timeout)
+            port: int | None = None, timeout: float = 180.0, chat_template: str | None = "auto"):
+    """Context manager for tests and demos: an ephemeral server on a free loopback port, always stopped."""
+    name = name or f"{EPHEMERAL_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
+    info = start(binary, model, port or free_port(), args=args, name=name, timeout=timeout,
+                 chat_template=chat_template, ephemeral=True)
     try:
         yield info
     finally:

@@ -24,8 +24,11 @@ except ImportError:  # python harness/spec_demo.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from harness import spec
 
-DEMO_PROMPT = ("List the days of the week, one per line, three times over.\n"
-               "Monday\nTuesday\nWednesday\nThursday\nFriday\nSaturday\nSunday\nMonday\n")
+# plain prose for the base model to continue (no chat template: /completion on raw text); the ngram
+# draft proposes the continuation of any 3-token phrase already in the context
+DEMO_PROMPT = ("The water cycle describes how water moves between the oceans, the air and the land. "
+               "Water evaporates from the oceans, rises into the air, cools and condenses into clouds, "
+               "and falls back to the ground as rain or snow. The water cycle")
 
 
 def spec_args(kind: str, model: Path, k: int, workdir: Path, bin_dir: Path) -> list[str]:
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", type=int, default=4, help="draft tokens per step for a draft model (default 4)")
     ap.add_argument("-n", type=int, default=160, help="tokens to generate (default 160)")
     ap.add_argument("--rounds", type=int, default=2, help="AB/BA rounds for the speed ratio (default 2)")
-    ap.add_argument("--prompt", default=DEMO_PROMPT)
+    ap.add_argument("--prompt", default=DEMO_PROMPT, help="text to continue (default: a paragraph of plain prose)")
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="spec-demo-") as td:
