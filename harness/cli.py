@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="build, fetch the model, serve it with --jinja, print a chat completion")
     p.epilog = ("The default model, Gemma 3 270M from PyPI, is a base model without a chat template; the "
-                "harness serves it with Gemma's turn format (harness/templates/gemma-turns.jinja).")
+                "harness serves it with Gemma's turn format (harness/gemma-turns.jinja).")
     p.add_argument("--backend", default=buildmod.default_backend(), choices=buildmod.BACKENDS,
                    help="backend to build and run (default: cpu on Linux, metal on macOS arm64)")
     p.add_argument("--model", help="GGUF to use (default: the Gemma 3 270M from PyPI)")

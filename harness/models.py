@@ -15,7 +15,7 @@ from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
 from .util import HarnessError, say, sha256_file
 
 # Gemma's turn format as a Jinja template, for Gemma GGUFs without tokenizer.chat_template
-GEMMA_TEMPLATE = Path(__file__).resolve().parent / "templates" / "gemma-turns.jinja"
+GEMMA_TEMPLATE = Path(__file__).resolve().parent / "gemma-turns.jinja"
 TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file")
 
 
