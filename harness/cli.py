@@ -49,33 +49,49 @@ def cmd_serve(args) -> int:
     return 0
 
 
-# prompts the 270M base model answers well through Gemma's turn format (checked on the dev machine,
-# NOTES.md issue 11): short factual questions and simple instructions; long explanations drift
-DEMO_PROMPT = "What is the capital of France? Answer in one sentence."
+# The 270M base model was not trained on chat turns: asked a bare question through Gemma's turn format it
+# repeats the question; given one example turn it answers in the example's pattern (checked on the dev
+# machine, NOTES.md issue 11). It never ends its turn by itself (after the answer come unrelated
+# tokens), so the demo stops at the end of the first sentence.
+DEMO_EXAMPLE = ("What is the capital of Italy?", "The capital of Italy is Rome.")
+DEMO_PROMPT = "What is the capital of France?"
+
 
 def cmd_demo(args) -> int:
     binary = _server_binary(args.backend)
     model = Path(args.model) if args.model else models.ensure_gemma()
     extra = ["-c", "2048", "-n", str(args.max_tokens)]
+    messages = [{"role": "user", "content": args.prompt}]
+    if not args.no_example:
+        messages[:0] = [{"role": "user", "content": DEMO_EXAMPLE[0]},
+                        {"role": "assistant", "content": DEMO_EXAMPLE[1]}]
+    stop = {"stop": [args.stop]} if args.stop else {}
     with server.running(binary, model, args=extra, name="demo") as info:
+        built = server.apply_template(info["port"], messages)
         t0 = time.time()
-        out = server.chat(info["port"], args.prompt, max_tokens=args.max_tokens)
+        out = server.chat(info["port"], messages, max_tokens=args.max_tokens, **stop)
         dt = time.time() - t0
     text = out["choices"][0]["message"]["content"]
     usage = out.get("usage", {})
     if not args.model:
+        ending = f"the reply stops at the first {args.stop!r}" if args.stop else "it runs on to --max-tokens"
         print("\nThe model is Gemma 3 270M (Q4_K_M, from PyPI): a 270-million-parameter *base* model, not an\n"
-              "instruction-tuned one. It is served through Gemma's chat turn format; expect short, simple answers.")
-    print("\n=== prompt ===\n" + args.prompt)
-    print("=== llama-server --jinja, temperature 0 ===\n" + text.strip())
+              "instruction-tuned one, served through Gemma's chat turn format. It answers in the pattern of an\n"
+              f"example turn, and does not end its turn by itself: {ending}.")
+    print("\n=== conversation ===")
+    for m in messages:
+        print(f"{m['role']:>9}: {m['content']}")
+    print("=== the prompt llama-server built from it (/apply-template) ===\n" + built.rstrip("\n"))
+    print("=== reply (llama-server --jinja, temperature 0) ===\n" + text.strip())
     print(f"=== {usage.get('completion_tokens', '?')} tokens in {dt:.2f} s "
           f"({model.name}, backend {args.backend}) ===")
     if args.no_spec:
         return 0
     # lossless speculation: greedy and speculative runs side by side, with the speed ratio
     from . import spec_demo
-    print("\n=== speculative decoding vs its greedy twin (same server build, temperature 0, plain text "
-          "continuation) ===")
+    print("\n=== speculative decoding vs its greedy twin: the model continues a paragraph of prose (no chat\n"
+          "template), greedy and with n-gram drafts, same server build, temperature 0. A small model soon\n"
+          "repeats phrases of its context, which is where drafts from the context are accepted. ===")
     return spec_demo.main(["--bin", str(binary.parent), "--model", str(model), "--draft", args.draft,
                            "-n", str(args.spec_tokens)] + (["--prompt", args.spec_prompt] if args.spec_prompt else []))
 
@@ -120,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="backend to build and run (default: cpu on Linux, metal on macOS arm64)")
     p.add_argument("--model", help="GGUF to use (default: the Gemma 3 270M from PyPI)")
     p.add_argument("--prompt", default=DEMO_PROMPT, help=f"the user message (default: {DEMO_PROMPT!r})")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--max-tokens", type=int, default=32, help="most tokens to generate (default 32)")
+    p.add_argument("--stop", default=".", help="stop the reply at this string (default '.': the end of the "
+                   "first sentence; '' for none)")
+    p.add_argument("--no-example", action="store_true",
+                   help=f"send only the prompt, without the example turn ({DEMO_EXAMPLE[0]!r} -> {DEMO_EXAMPLE[1]!r})")
     p.add_argument("--draft", default="ngram",
                    help="speculation for the side-by-side part: ngram | self | q8 | PATH.gguf (default ngram)")
     p.add_argument("--spec-tokens", type=int, default=160,
