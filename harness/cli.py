@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from . import build as buildmod
-from . import config, models, server
-from .util import HarnessError, say
+from . import models, server
+from .util import HarnessError
 
 
 def _server_binary(backend: str) -> Path:

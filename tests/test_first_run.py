@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import bench, build, cli, config, models, server
+from harness import bench, build, cli, models, server
 from harness.gguf_layout import GGUFFormatError, RawTensor, read_layout, write_gguf
 from harness.util import HarnessError
 
