@@ -164,7 +164,7 @@ run_probes() {
             [ "$verbose" != quiet ] && printf '  %-12s ok     %s\n' "$name" "$what"
         else
             FAILED+=("$name")
-            [[ " ${FAILED_PKGS[*]} " == *" $pkg "* ]] || FAILED_PKGS+=("$pkg")
+            [[ " ${FAILED_PKGS[*]:-} " == *" $pkg "* ]] || FAILED_PKGS+=("$pkg")
             [ "$verbose" != quiet ] && printf '  %-12s FAIL   %s (package: %s)\n' "$name" "$what" "$pkg"
             [ "$verbose" = verbose ] && echo "$out" | tail -5 | sed 's/^/               | /'
         fi
@@ -185,7 +185,7 @@ apt_install() {
     fi
     say "installing with apt: $* (log: $LOG)"
     export DEBIAN_FRONTEND=noninteractive
-    { "${sudo[@]}" apt-get update -q && "${sudo[@]}" apt-get install -y -q --no-install-recommends "$@"; } >>"$LOG" 2>&1 \
+    { ${sudo[@]+"${sudo[@]}"} apt-get update -q && ${sudo[@]+"${sudo[@]}"} apt-get install -y -q --no-install-recommends "$@"; } >>"$LOG" 2>&1 \
         || die "apt-get install $* failed; see $LOG"
 }
 
