@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_layout import (GGUF_MAGIC, T_ARRAY, T_BOOL, T_INT32, T_STRING, T_UINT32, GGUFFormatError,
+from .gguf_layout import (GGUF_MAGIC, T_ARRAY, T_STRING, GGUFFormatError,
                           GGUFLayout, _align, pack_kv, read_layout)
 from .util import HarnessError, atomic_write_bytes
 
