@@ -5,7 +5,8 @@
 #   harness/hy4_device.sh pack
 #       packs the applied llama.cpp tree (harness/cuda_device.sh pack) into .dev/cuda/src.tar.xz and the
 #       Gemma 3 270M tokenizer, cut to the synthetic model's vocabulary, into .dev/hy4/tokenizer.gguf
-#       (~1 MB: the model itself is generated there, it is larger than one call may carry)
+#       (~1 MB: the model itself is generated there, it is larger than one call may carry; STQ_GEMMA=FILE
+#       names the Gemma GGUF, else the harness fetches it)
 #
 # There (through the device tool, from the repo root; two calls while the machine stays warm):
 #   run(command="bash harness/hy4_device.sh remote build", carry=[".dev"], timeout_s=600)
@@ -24,11 +25,12 @@ pack() {
     bash "$HERE/harness/cuda_device.sh" pack "$@"
     mkdir -p "$DEV/hy4"
     (cd "$HERE" && python3 - "$DEV/hy4/tokenizer.gguf" <<'EOF'
-import sys
+import os, sys
 from pathlib import Path
 from harness import models, synth_hy4
 from harness.gguf_layout import write_gguf
-kv, types = synth_hy4.tokenizer_kv(models.ensure_gemma(), synth_hy4.Hy4Params().n_vocab)
+gemma = Path(os.environ["STQ_GEMMA"]) if os.environ.get("STQ_GEMMA") else models.ensure_gemma()
+kv, types = synth_hy4.tokenizer_kv(gemma, synth_hy4.Hy4Params().n_vocab)
 write_gguf(Path(sys.argv[1]), {"general.architecture": "none", **kv}, [], kv_types=types)
 print(f"wrote {sys.argv[1]}")
 EOF
