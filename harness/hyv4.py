@@ -291,6 +291,14 @@ def verify(p: Plan, path: Path) -> None:
         raise HarnessError(f"{path}: rewrite check failed: the data section changed size")
 
 
+def split_no(path) -> int:
+    """gguf-split's 0-based part number of the file (0 for an unsplit file or a broken one)."""
+    try:
+        return int(read_layout(path).kv.get("split.no", 0))
+    except GGUFFormatError:
+        return 0
+
+
 def build_parser(prog: str = "stq-metal hyv4") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=prog,
@@ -299,7 +307,8 @@ def build_parser(prog: str = "stq-metal hyv4") -> argparse.ArgumentParser:
                     "is a dry run listing the changes.",
         epilog="exit status: 0 done or nothing to do, 1 refused (not hyv4, unknown or missing keys), "
                "2 bad input or arguments")
-    ap.add_argument("gguf", type=Path, help="the hyv4 GGUF file (for split models: each part that holds the metadata)")
+    ap.add_argument("gguf", type=Path, help="the hyv4 GGUF file (split models: the first part, the only one "
+                                            "with model metadata; later parts are left alone)")
     ap.add_argument("--write", action="store_true", help="apply the rewrite (default: dry run)")
     ap.add_argument("--output", "-o", type=Path, metavar="FILE",
                     help="write a rewritten copy to FILE (temp file beside it, fsync, rename) and leave the input "
@@ -333,6 +342,10 @@ def main(argv=None, prog: str = "stq-metal hyv4") -> int:
             pass
         if arch == DST_ARCH:
             print(f"{args.gguf}: already {DST_ARCH}; nothing to do", file=sys.stderr)
+            return EXIT_OK
+        if arch is None and split_no(args.gguf):
+            print(f"{args.gguf}: split part {split_no(args.gguf) + 1} holds no model metadata (only the first "
+                  "part does); nothing to do", file=sys.stderr)
             return EXIT_OK
         print(f"refused: {e}", file=sys.stderr)
         return EXIT_REFUSED

@@ -165,3 +165,13 @@ def test_truncated_file_is_an_error(tmp_path, capsys):
     f.write_bytes(f.read_bytes()[:200])
     assert hyv4.main([str(f), "--write"]) == 2
     assert "truncated" in capsys.readouterr().err
+
+
+def test_later_split_part_is_left_alone(tmp_path, capsys):
+    # gguf-split writes the model metadata into the first part only; later parts carry split.* keys
+    f = tmp_path / "m-00002-of-00003.gguf"
+    write_gguf(f, {"split.no": 1, "split.count": 3, "split.tensors.count": 4}, _tensors())
+    orig = f.read_bytes()
+    assert hyv4.main([str(f), "--write"]) == 0
+    assert "split part 2" in capsys.readouterr().err
+    assert f.read_bytes() == orig
