@@ -76,7 +76,7 @@ class Hy4Params:
     q_lora: int = 256             # real: 2048
     kv_lora: int = 256            # real: 512
     qk_nope: int = 64             # real: 192
-    qk_rope: int = 32             # real: 64
+    qk_rope: int = 64             # as real (cache row kv_lora + rope = 320: a Metal flash-attention size)
     v_head: int = 64              # real: 256
     n_expert: int = 256           # as real
     n_expert_used: int = 8        # as real
@@ -88,7 +88,7 @@ class Hy4Params:
     hc_eps: float = 1e-6
     hc_magnitude: float = 2.0
     indexer_heads: int = 4        # real: 32
-    indexer_dim: int = 64         # real: 128
+    indexer_dim: int = 128        # as real
     indexer_top_k: int = 32       # real: 2048 (small here, so that short prompts are sparse)
     indexer_full: str = "FSFS"    # F = layer owns an indexer, S = reuses the previous F's top-k
     noise: float = 0.6            # scale of the layers' contributions to the residual streams
