@@ -55,7 +55,7 @@ except ImportError:  # run as a script: python harness/synth_hy4.py
 
 MODEL_NAME = "hy4-synth.gguf"          # hy_v4, quantized: what llama-server loads
 TWIN_NAME = "hy4-synth-hyv4.gguf"      # the same tensors under AngelSlim's hyv4 metadata
-GENERATOR_VERSION = 1                  # bump when the weights or metadata change
+GENERATOR_VERSION = 2                  # bump when the weights or metadata change
 
 # ggml type ids of the F32/F16 intermediate
 F32, F16 = 0, 1
@@ -251,8 +251,8 @@ def weights(p: Hy4Params) -> list[RawTensor]:
         w.add(b + "attn_sinks.weight", w.vec(nh, 0.0, 0.5))
         w.add(b + "attn_q_a.weight", w.mat(p.q_lora, d))
         w.add(b + "attn_q_a_norm.weight", w.vec(p.q_lora, 1.0, 0.1))
-        w.add(b + "attn_q_b.weight", w.mat(nh * qk, p.q_lora, scale=2.0))
-        w.add(b + "attn_kv_a_mqa.weight", w.mat(p.kv_lora + p.qk_rope, d, scale=2.0))
+        w.add(b + "attn_q_b.weight", w.mat(nh * qk, p.q_lora))
+        w.add(b + "attn_kv_a_mqa.weight", w.mat(p.kv_lora + p.qk_rope, d))
         w.add(b + "attn_kv_a_norm.weight", w.vec(p.kv_lora, 1.0, 0.1))
         w.add(b + "attn_k_b.weight", w.mat(nh, p.kv_lora, p.qk_nope))      # {nope, kv_lora, n_head}
         w.add(b + "attn_v_b.weight", w.mat(nh, p.v_head, p.kv_lora))       # {kv_lora, v_head, n_head}

@@ -14,8 +14,8 @@ parameter set into the cache (llama-quantize makes the mix) and then:
   (skipped without clang-19 / the emulator sources); the same on CUDA where STQ_CUDA_BUILD is set.
 
 The weights make greedy text walk a fixed permutation with a wide margin (top-1 minus top-2
-log-probability ~6.5), while each token's log-probability (~-4) depends on every layer: the layers
-dominate the residual streams, so a wrong layer moves it by O(1), far beyond LOGPROB_TOL.
+log-probability ~6.5), while each token's log-probability (~-4) depends on every layer (the layers
+dominate the residual streams); see LOGPROB_TOL for what the bound can and cannot catch.
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ from harness.util import HarnessError
 
 N_TOK = 32
 PROMPTS = ["The history of the printing press begins", "In mathematics, a prime number is"]
-LOGPROB_TOL = 0.05   # |CPU - metal-emu| of a token's log-probability (different summation orders)
+# |CPU - device| of a token's log-probability. The model amplifies rounding: on the CPU alone, flash
+# attention on vs off moves log-probabilities by up to 0.15 (NOTES.md, issue 15), so the bound sits above
+# that; zeroing one attention output (1 of 8 sublayers) moves them by 0.14-0.20: a bug in one sublayer may
+# pass, a wrong kernel used by every layer does not
+LOGPROB_TOL = 0.2
 
 # ggml type ids at the pin (+ the series' STQ1_0)
 F32, Q8_0, Q4_K, IQ2_XXS, IQ3_XXS, IQ4_XS, STQ1_0 = 0, 8, 12, 16, 18, 23, 43
