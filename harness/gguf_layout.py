@@ -262,6 +262,30 @@ def _pack_string(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
+# numpy dtype (without byte order) -> GGUF array element type, for arrays read by this module
+_NP_ARRAY = {"u1": T_UINT8, "i1": T_INT8, "u2": T_UINT16, "i2": T_INT16, "u4": T_UINT32, "i4": T_INT32,
+             "f4": T_FLOAT32, "b1": T_BOOL, "u8": T_UINT64, "i8": T_INT64, "f8": T_FLOAT64}
+
+
+def pack_typed(t: int, v) -> bytes:
+    """The bytes of value `v` stored with GGUF value type `t` (as read: kv_types[key], kv[key])."""
+    if t in _SCALAR:
+        return struct.pack(_SCALAR[t], v)
+    got, b = _pack_value(v)
+    if got != t:
+        raise TypeError(f"value {v!r} packs as GGUF type {got}, not {t}")
+    return b
+
+
+def pack_kv(key: str, v, t: int | None = None) -> bytes:
+    """One key/value record: key, value type, value (type inferred from `v` unless given)."""
+    if t is None:
+        t, b = _pack_value(v)
+    else:
+        b = pack_typed(t, v)
+    return _pack_string(key) + struct.pack("<I", t) + b
+
+
 def _pack_value(v) -> tuple[int, bytes]:
     if isinstance(v, bool):
         return T_BOOL, struct.pack("<?", v)
@@ -275,7 +299,14 @@ def _pack_value(v) -> tuple[int, bytes]:
         return T_FLOAT32, struct.pack("<f", v)
     if isinstance(v, str):
         return T_STRING, _pack_string(v)
+    if isinstance(v, np.ndarray):
+        if v.ndim != 1 or v.dtype.str.lstrip("<|=") not in _NP_ARRAY:
+            raise TypeError(f"cannot store a numpy array of shape {v.shape} and dtype {v.dtype} in GGUF")
+        et = _NP_ARRAY[v.dtype.str.lstrip("<|=")]
+        return T_ARRAY, struct.pack("<IQ", et, len(v)) + np.ascontiguousarray(v, dtype=_NP[et]).tobytes()
     if isinstance(v, (list, tuple)):
+        if v and all(isinstance(e, bool) for e in v):
+            return T_ARRAY, struct.pack("<IQ", T_BOOL, len(v)) + bytes(int(e) for e in v)
         if all(isinstance(e, str) for e in v):
             return T_ARRAY, struct.pack("<IQ", T_STRING, len(v)) + b"".join(_pack_string(e) for e in v)
         if all(isinstance(e, int) and not isinstance(e, bool) for e in v):
@@ -294,17 +325,18 @@ class RawTensor:
 
 
 def write_gguf(path, kv: Mapping[str, Any], tensors: Iterable[RawTensor], alignment: int = DEFAULT_ALIGNMENT,
-               pad_last: bool = True) -> None:
+               pad_last: bool = True, kv_types: Mapping[str, int] | None = None) -> None:
     """Write a GGUF v3 file with raw tensor bytes and raw type ids (the caller is responsible for
-    the data sizes matching the types).  Writes through a temp file + rename."""
+    the data sizes matching the types).  Value types are inferred from the values unless
+    `kv_types` names them.  Writes through a temp file + rename."""
     tensors = list(tensors)
     kv = dict(kv)
+    kv_types = kv_types or {}
     if alignment != DEFAULT_ALIGNMENT:
         kv[ALIGNMENT_KEY] = alignment
     head = bytearray(GGUF_MAGIC + struct.pack("<IQQ", 3, len(tensors), len(kv)))
     for k, v in kv.items():
-        t, b = _pack_value(v)
-        head += _pack_string(k) + struct.pack("<I", t) + b
+        head += pack_kv(k, v, kv_types.get(k))
     off = 0
     offsets = []
     for t in tensors:
