@@ -19,6 +19,7 @@ BENCHES = {
     "cuda": ("harness.bench_cuda", "CUDA STQ1_0 vs peers on the lent GPU"),
     "metal": ("harness.bench_metal", "Metal A/B kernels on a Mac"),
     "spec": ("harness.bench_spec", "cost of the batch-invariant CPU path (llama-bench, AB/BA)"),
+    "megakernel": ("harness.bench_megakernel", "Gemma decode megakernel vs the CUDA graph (tok/s, verify cost)"),
 }
 
 
@@ -40,7 +41,7 @@ def readiness(which_bench: str, system: str | None = None, machine: str | None =
     mod, _ = BENCHES[which_bench]
     if not importlib.util.find_spec(mod):
         return False, f"module {mod} does not exist yet"
-    if which_bench == "cuda":
+    if which_bench in ("cuda", "megakernel"):
         gpus = _cuda_gpus()
         if not gpus:
             return False, "needs an NVIDIA GPU (nvidia-smi lists none here)"
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.which:
         for k, (mod, desc) in BENCHES.items():
             ok, why = readiness(k)
-            print(f"  {k:6s} {desc} [{'ready' if ok else 'not here'}: {why}]")
+            print(f"  {k:10s} {desc} [{'ready' if ok else 'not here'}: {why}]")
         return 0
     mod, _ = BENCHES[args.which]
     if not importlib.util.find_spec(mod):
