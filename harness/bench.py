@@ -11,6 +11,7 @@ BENCHES = {
     "cuda": ("harness.bench_cuda", "CUDA STQ1_0 vs peers on the lent GPU"),
     "metal": ("harness.bench_metal", "Metal A/B kernels on a Mac"),
     "spec": ("harness.bench_spec", "cost of the batch-invariant CPU path (llama-bench, AB/BA)"),
+    "rpc": ("harness.bench_rpc", "ggml-rpc on loopback vs one process: tok/s ratio and bytes per token"),
 }
 
 
