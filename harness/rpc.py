@@ -422,6 +422,12 @@ def plan(model: Path, hosts: list[HostSpec], main: str | None = None, ctx: int =
         if h is order[-1]:
             b -= sizes.output_bytes
         budgets.append(b)
+    for h, b in zip(order, budgets):
+        if b < 0:
+            fixed = [n for n, v in (("the input layer", h is main_h), ("the output layer", h is order[-1])) if v]
+            raise HarnessError(f"host {h.name}: {' and '.join(fixed)} alone need more than its {h.mem} GiB minus "
+                               f"the {reserve_gib} GiB reserve (input {sizes.input_bytes / GiB:.2f} GiB, output "
+                               f"{sizes.output_bytes / GiB:.2f} GiB)")
     if not main_device:  # the main host holds only the input layer on its CPU
         if main_h.mem * GiB - reserve_gib * GiB < sizes.input_bytes:
             raise HarnessError(f"main host {main}: {main_h.mem} GiB cannot hold the input layer "
@@ -460,7 +466,8 @@ def plan(model: Path, hosts: list[HostSpec], main: str | None = None, ctx: int =
                                         int(main_h.mem * GiB - reserve_gib * GiB)))
     for p in out.placements:  # rounding to whole layers can push a host over its budget
         if p.total_bytes > p.host.mem * GiB - reserve_gib * GiB:
-            raise HarnessError(f"host {p.host.name}: layers {p.layers.start}..{p.layers.stop - 1} need "
+            what = f"layers {p.layers.start}..{p.layers.stop - 1}" if p.layers else "its share"
+            raise HarnessError(f"host {p.host.name}: {what} need "
                                f"{p.total_bytes / GiB:.1f} GiB, more than its {p.host.mem} GiB minus the "
                                f"{reserve_gib} GiB reserve")
     return out
