@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                 res[k].append(v)
                 print(f"round {r} {k:15s} tg{args.tg} {v:7.2f} tok/s", flush=True)
         print()
-        print(f"{'setting':15s} {'tok/s':>8s} {'rpc/this':>9s}   (medians over {args.rounds} rounds, -t {args.threads}, "
-              f"{args.servers} rpc-servers, {args.model.name})")
+        print(f"{'setting':15s} {'tok/s':>8s} {'rpc/this':>9s}   (medians over {args.rounds} rounds, "
+              f"-t {args.threads}, {args.servers} rpc-servers, {args.model.name})")
         for k in keys:
             ratio = statistics.median(b / a for a, b in zip(res[k], res["rpc"]))
             print(f"{k:15s} {statistics.median(res[k]):8.2f} {ratio:9.3f}")
