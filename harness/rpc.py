@@ -78,6 +78,10 @@ def hello(host: str, port: int, timeout: float = 3.0) -> tuple[int, int, int]:
     where = f"rpc-server {host}:{port}"
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
+            # on a timeout the connection is still queued at a busy server, our HELLO in it: close with a
+            # reset, so that the server does not answer it later into a closed socket (SIGPIPE kills an
+            # rpc-server without patch 0063)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.settimeout(timeout)
             s.sendall(struct.pack("<BQ", RPC_CMD_HELLO, RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE))
             size = struct.unpack("<Q", _recv_exact(s, 8, "the HELLO response size"))[0]
