@@ -20,6 +20,7 @@ BENCHES = {
     "metal": ("harness.bench_metal", "Metal A/B kernels on a Mac"),
     "spec": ("harness.bench_spec", "cost of the batch-invariant CPU path (llama-bench, AB/BA)"),
     "megakernel": ("harness.bench_megakernel", "Gemma decode megakernel vs the CUDA graph (tok/s, verify cost)"),
+    "rpc": ("harness.bench_rpc", "ggml-rpc on loopback vs one process: tok/s ratio and bytes per token"),
 }
 
 

@@ -31,6 +31,7 @@ from harness.util import HarnessError, run, run_logged, say, which  # noqa: E402
 BACKENDS = ("cpu", "metal", "cuda", "metal-emu")
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-completion", "llama-quantize", "llama-bench",
                    "test-backend-ops", "test-quantize-fns", "test-batch-invariance", "ggml", "llama")
+RPC_TARGETS = ("ggml-rpc-server",)  # built wherever -DGGML_RPC=ON is among the options
 KEEP_BUILDS = 3  # per backend
 # kernel files metal-emu translates by default: the ones its tests verify (ops of other files report
 # unsupported); STQ_METAL_EMU_KERNELS=all (or a ;-list) overrides. Compile time is the reason.
@@ -50,9 +51,16 @@ def default_cuda_arch() -> str:
     return "75;80;86;89;90"  # portable default: Turing .. Hopper
 
 
+def default_targets(backend: str, extra: list[str] | None = None) -> tuple[str, ...]:
+    """DEFAULT_TARGETS, plus the rpc-server for builds configured with ggml-rpc."""
+    if "-DGGML_RPC=ON" in backend_flags(backend) + list(extra or []):
+        return DEFAULT_TARGETS + RPC_TARGETS
+    return DEFAULT_TARGETS
+
+
 def backend_flags(backend: str, cuda_arch: str | None = None) -> list[str]:
     if backend == "cpu":
-        return []
+        return ["-DGGML_RPC=ON"]  # ggml-rpc client + ggml-rpc-server (scale-out, issue 16)
     if backend == "metal":
         return ["-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"]
     if backend == "cuda":
@@ -196,12 +204,12 @@ def run_build(cmd: list[str], log: Path, step: str, env: dict[str, str] | None =
                            f"--- last lines ---\n" + "\n".join(errs[-20:] or list(last)[-30:]))
 
 
-def ensure_build(backend: str = "cpu", targets=DEFAULT_TARGETS, tree: Path | None = None,
+def ensure_build(backend: str = "cpu", targets=None, tree: Path | None = None,
                  jobs: int | None = None) -> Path:
     """Fetch the pin if needed, apply patches/, build. What tests and the demo call."""
     tree = source.ensure_tree(tree)
     patches.apply(tree)
-    return build(tree, backend, targets, jobs)
+    return build(tree, backend, targets or default_targets(backend), jobs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--backend", choices=BACKENDS, default=None,
                    help=f"backend to build (default here: {default_backend()})")
     b.add_argument("--target", action="append", dest="targets",
-                   help=f"cmake target, repeatable (default: {' '.join(DEFAULT_TARGETS)})")
+                   help=f"cmake target, repeatable (default: {' '.join(DEFAULT_TARGETS)}; plus "
+                        f"{' '.join(RPC_TARGETS)} when -DGGML_RPC=ON is set, as for cpu)")
     b.add_argument("--jobs", "-j", type=int, help="parallel build jobs (default: all cores)")
     b.add_argument("--cmake-arg", action="append", default=[], help="extra cmake -D option, repeatable")
     b.add_argument("--cuda-arch", help="CMAKE_CUDA_ARCHITECTURES for --backend cuda "
@@ -268,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.apply or args.build:
             patches.apply(tree)
         if args.build:
-            bdir = build(tree, args.backend or default_backend(), tuple(args.targets or DEFAULT_TARGETS),
+            backend = args.backend or default_backend()
+            bdir = build(tree, backend, tuple(args.targets or default_targets(backend, args.cmake_arg)),
                          args.jobs, args.cmake_arg, args.cuda_arch)
             print(bdir)
         if args.status or not (args.apply or args.build or args.revert or args.export):

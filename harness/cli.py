@@ -43,7 +43,13 @@ def cmd_serve(args) -> int:
         raise HarnessError(f"a server '{cur['name']}' is already running (pid {cur['pid']}, port {cur['port']}, "
                            f"log {cur['log']}); one at a time: stop it first (./RUNBOOK.sh stop)")
     model = Path(args.model) if args.model else models.ensure_gemma()
-    binary = Path(args.binary) if args.binary else _server_binary(args.backend)
+    if args.rpc:  # scale-out: rpc-capable build, endpoints checked (reachable, same protocol) first
+        from . import rpc
+        binary = Path(args.binary) if args.binary else rpc.build_with_rpc(args.backend) / "bin" / "llama-server"
+        rpc.check_endpoints(args.rpc)
+        args.server_args = ["--rpc", args.rpc, *args.server_args]
+    else:
+        binary = Path(args.binary) if args.binary else _server_binary(args.backend)
     info = server.start(binary, model, args.port, args.host, args.server_args, name=args.name or "server")
     print(f"http://{info['host']}:{info['port']}  (pid {info['pid']}, log {info['log']})")
     return 0
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None,
                    help="instance name for the pid/log files (start: default server; stop/status: default the "
                         "one running). One server at a time: start refuses while another runs")
+    p.add_argument("--rpc", metavar="HOST:PORT[,...]",
+                   help="ggml-rpc servers whose devices llama-server uses (see `stq-metal rpc plan`)")
     p.set_defaults(func=cmd_serve, server_args=[])
     p.epilog = "Arguments after `--` go to llama-server unchanged, e.g. `serve start -- -c 4096 -ngl 99`."
 
@@ -151,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                         "plain prose)")
     p.add_argument("--no-spec", action="store_true", help="skip the speculative-vs-greedy comparison")
     p.set_defaults(func=cmd_demo)
+
+    from . import rpc
+    rpc.add_parsers(sub)
 
     for name, module, help_ in [("retag", "retag", "retag private type-42 STQ1_0 tensors to 43"),
                                 ("bench", "bench", "benchmarks (ratios in one run)"),

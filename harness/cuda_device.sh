@@ -11,7 +11,9 @@
 # There (through the device tool, from the repo root; the machine stays warm ~30 s between calls, and a
 # warm machine keeps /tmp/stq-cuda/{src,build}, so a second call within that window skips the build):
 #   run(command="bash harness/cuda_device.sh remote all", carry=[".dev"], timeout_s=600)
-#       stages (any subset, in this order): build test sanitize bench ncu  ("all" = build test sanitize bench)
+#       stages (any subset, in this order): build test sanitize bench ncu rpc  ("all" = build test sanitize bench)
+#       rpc: its own -DGGML_RPC=ON build; test-backend-ops -b RPC0 against a CUDA rpc-server on loopback
+#       (STQ_RPC_MODEL=FILE.gguf on the device adds harness/bench_rpc.py: CUDA local vs through rpc)
 #       logs and results go to $OUT (at most 8 files come back): build.log, test.log, sanitize.log,
 #       bench.log, bench.json, ncu.log
 #
@@ -141,8 +143,35 @@ remote() {
                     --graphs 1 --min-nodes 4 --copy-mb 64) 2>&1 | grep -Ev '^==PROF==' | tail -150
             } 2>&1 | tee -a "$out/ncu.log"
             ;;
+        rpc)
+            # issue 16: STQ1_0 through ggml-rpc against a CUDA rpc-server on loopback (own build folder:
+            # -DGGML_RPC=ON and the tools, which the main build leaves out)
+            {
+                local rb="$work/build-rpc" port=50152
+                echo "== $(date -u +%FT%TZ) rpc build"
+                cmake -S "$src" -B "$rb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+                    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA="${STQ_CUDA_FA:-OFF}" -DGGML_RPC=ON \
+                    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+                    -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > /dev/null
+                ninja -C "$rb" -j "$jobs" test-backend-ops ggml-rpc-server llama-bench 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+                "$rb/bin/ggml-rpc-server" --host 127.0.0.1 --port $port > "$out/rpc-server.log" 2>&1 &
+                local rpid=$!
+                sleep 3
+                echo "== $(date -u +%FT%TZ) test-backend-ops -b RPC0 (CUDA rpc-server on 127.0.0.1:$port), STQ1_0 cases"
+                for op in MUL_MAT MUL_MAT_ID GET_ROWS CPY; do
+                    "$rb/bin/test-backend-ops" test -b RPC0 --rpc 127.0.0.1:$port -o "$op" -p stq1_0 2>&1 | grep -E 'stq1_0|tests passed|FAIL|not supported|Backend' | grep -v ': OK$' | tail -40 || true
+                done
+                kill $rpid || true
+                wait $rpid 2>/dev/null || true
+                if [ -n "${STQ_RPC_MODEL:-}" ] && [ -f "$STQ_RPC_MODEL" ]; then
+                    echo "== $(date -u +%FT%TZ) bench_rpc on $STQ_RPC_MODEL"
+                    (cd "$HERE" && python3 -m harness.bench_rpc --bin "$rb/bin" --model "$STQ_RPC_MODEL" --servers 1 \
+                        --rounds 4 -t 4 --local-ngl 99 ${STQ_RPC_BENCH_ARGS:-}) || echo "!! bench_rpc failed"
+                fi
+            } 2>&1 | tee -a "$out/rpc.log"
+            ;;
         *)
-            echo "error: unknown stage '$st' (build test sanitize bench ncu all)" >&2
+            echo "error: unknown stage '$st' (build test sanitize bench ncu rpc all)" >&2
             exit 2
             ;;
         esac

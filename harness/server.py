@@ -42,7 +42,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, exe: bytes = b"llama-server") -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -52,7 +52,7 @@ def _alive(pid: int) -> bool:
     cmdline = Path(f"/proc/{pid}/cmdline")
     if cmdline.exists():  # guard against a recycled pid
         try:
-            return b"llama-server" in cmdline.read_bytes()
+            return exe in cmdline.read_bytes()
         except OSError:
             return False
     return True

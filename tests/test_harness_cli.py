@@ -59,7 +59,10 @@ def test_llama_dir_at_wrong_commit_refused_by_cli(tmp_path):
 
 
 def test_backend_flags():
-    assert buildmod.backend_flags("cpu") == []
+    assert buildmod.backend_flags("cpu") == ["-DGGML_RPC=ON"]
+    assert "ggml-rpc-server" in buildmod.default_targets("cpu")
+    assert "ggml-rpc-server" not in buildmod.default_targets("metal")
+    assert "ggml-rpc-server" in buildmod.default_targets("metal", ["-DGGML_RPC=ON"])
     assert "-DGGML_METAL=ON" in buildmod.backend_flags("metal")
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in buildmod.backend_flags("cuda", "90")
     with pytest.raises(Exception, match="unknown backend"):
