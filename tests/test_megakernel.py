@@ -1,6 +1,11 @@
 """The Gemma decode megakernel (issue 12): what CI checks without a GPU, and the checks on a GPU.
 
 Without a GPU (CI):
+- the CUDA kernel's own source (megakernel/cuda/mk-kernel.cuh) run on the CPU through a small CUDA
+  emulation (tests/mk_hostemu/cuda_emu.h: every GPU thread a fiber, all blocks co-resident) on a tiny
+  random Gemma-4-shaped model with all nine weight types, both KV layouts, a shared-KV layer,
+  proportional rope and per-layer inputs, against an independent float64 reference; a verify step
+  must equal the one-token steps bitwise; the planted barrier bug must fail;
 - the kernel's weight decoding (megakernel/cuda/mk-deq.cuh) compiled for the host and compared with
   ggml's dequantizers for every supported type; planted decoding bugs must be caught;
 - the CUDA sources compiled for sm_90 with clang-19 and NVIDIA's PyPI headers + ptxas (no GPU
@@ -81,6 +86,35 @@ def test_weight_decoding_emulation_can_fail(tmp_path, cpu_build, old, new, type_
     r = _run_deq_emu(tmp_path, cpu_build, mutant)
     assert r.returncode != 0 and re.search(rf"^FAIL {re.escape(type_name)}\b", r.stdout, re.M), \
         f"planted bug in {type_name} was not detected:\n{r.stdout}"
+
+
+KERNEL_EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_kernel_emu.cpp"
+
+
+@pytest.fixture(scope="module")
+def kernel_emu(tmp_path_factory, cpu_build) -> Path:
+    src = _source_tree(cpu_build)
+    exe = tmp_path_factory.mktemp("mk_kernel_emu") / "mk_kernel_emu"
+    lib = cpu_build / "bin"
+    cmd = [_cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", f"-I{src}/ggml/include",
+           f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{KERNEL_EMU.parent}", str(KERNEL_EMU), "-o", str(exe),
+           f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"compiling the kernel emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    return exe
+
+
+def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu):
+    r = subprocess.run([str(kernel_emu)], capture_output=True, text=True, timeout=900)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert re.search(r"^OK one-token steps .*worst NMSE vs float64 reference", r.stdout, re.M), r.stdout
+    assert "OK verify M=4: 0 of 4 rows differ" in r.stdout, r.stdout
+
+
+def test_cuda_kernel_on_host_without_grid_barriers_fails(kernel_emu):
+    r = subprocess.run([str(kernel_emu), "--planted"], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and "FAIL" in r.stdout, "grid barriers off went unnoticed:\n" + r.stdout[-3000:]
 
 
 def test_cuda_sources_compile_for_sm90(cpu_build):

@@ -1,0 +1,191 @@
+// cuda_emu.h: just enough CUDA to run megakernel/cuda/mk-kernel.cuh on the CPU (tests only).
+//
+// Every GPU thread is a fiber (ucontext) on one OS thread; a launch starts all blocks at once
+// (co-resident, like a cooperative launch); __syncthreads / __syncwarp are barriers that yield until
+// the block or warp has arrived, __shfl_xor_sync exchanges through a per-warp slot array between two
+// warp barriers, __nanosleep yields (the grid barrier's spin), atomics and fences are plain on one OS
+// thread, block-shared arrays are per-block memory filled with a poison pattern. Slow (meant for tiny
+// models) but it runs the kernel's own source: phases, barriers, lane mappings and reductions. A launch
+// in which no fiber can move any more (e.g. a grid barrier that waits for a block that does not exist)
+// is reported as a deadlock instead of hanging.
+#pragma once
+
+#include "ggml.h"
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#define WARP_SIZE 32
+
+struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
+inline emu_dim3 threadIdx;
+inline emu_dim3 blockIdx;
+inline emu_dim3 gridDim;
+
+struct emu_bar {
+    unsigned n = 0, count = 0, gen = 0;
+};
+
+struct emu_block {
+    emu_bar bar;
+    std::vector<emu_bar> warp_bar;
+    std::vector<float> slot;
+    std::map<int, std::vector<char>> shared;
+    std::vector<char> dyn;
+};
+
+struct emu_fiber {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    unsigned tid = 0, bid = 0;
+    emu_block * blk = nullptr;
+    bool done = false;
+    bool moved = false;   // did anything since this fiber's last yield
+};
+
+inline ucontext_t   emu_sched;
+inline emu_fiber  * emu_cur_fiber;
+inline emu_block  * emu_cur;
+inline long         emu_progress;   // barrier arrivals and generations: deadlock detection
+
+inline void emu_yield() {
+    swapcontext(&emu_cur_fiber->ctx, &emu_sched);
+    threadIdx.x = emu_cur_fiber->tid;
+    blockIdx.x  = emu_cur_fiber->bid;
+    emu_cur     = emu_cur_fiber->blk;
+}
+
+inline void emu_bar_wait(emu_bar & b) {
+    const unsigned g = b.gen;
+    ++emu_progress;
+    if (++b.count == b.n) {
+        b.count = 0;
+        ++b.gen;
+        return;
+    }
+    while (b.gen == g) {
+        emu_yield();
+    }
+}
+
+inline void __syncthreads() { emu_bar_wait(emu_cur->bar); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_bar_wait(emu_cur->warp_bar[threadIdx.x / WARP_SIZE]); }
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    const int w = threadIdx.x / WARP_SIZE, l = threadIdx.x % WARP_SIZE;
+    emu_cur->slot[w*WARP_SIZE + l] = v;
+    __syncwarp();
+    const float r = emu_cur->slot[w*WARP_SIZE + (l ^ o)];
+    __syncwarp();
+    return r;
+}
+inline unsigned atomicAdd(unsigned * p, unsigned v) { ++emu_progress; unsigned o = *p; *p = o + v; return o; }
+inline unsigned atomicExch(unsigned * p, unsigned v) { ++emu_progress; unsigned o = *p; *p = v; return o; }
+inline void __threadfence() {}
+inline void __nanosleep(unsigned) { emu_yield(); }
+inline float __fmul_rn(float a, float b) { return a*b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+using std::min;
+
+struct half { uint16_t bits; };
+inline half  __float2half(float f) { ggml_fp16_t h = ggml_fp32_to_fp16(f); half r; memcpy(&r.bits, &h, 2); return r; }
+inline float __half2float(half h) { ggml_fp16_t x; memcpy(&x, &h.bits, 2); return ggml_fp16_to_fp32(x); }
+inline half  __ushort_as_half(unsigned short u) { half r; r.bits = u; return r; }
+
+inline void * emu_shared(int id, size_t bytes) {
+    auto & v = emu_cur->shared[id];
+    if (v.empty()) {
+        v.assign(bytes, (char) 0x7f); // poison: a read before the block wrote shows as a huge value
+    }
+    return v.data();
+}
+
+#define MK_DEVICE    static inline
+#define MK_DEVICE_FN static
+#define MK_KERNEL    static void
+#define MK_SHARED(T, name, n)  T * name = (T *) emu_shared(__COUNTER__, sizeof(T)*(n))
+#define MK_SHARED_DYN(T, name) T * name = (T *) emu_cur->dyn.data()
+#define MK_UNROLL
+#define MK_TRAP()    abort()
+
+static inline float mk_f16(uint16_t u) { half h; h.bits = u; return __half2float(h); }
+static inline float          mk_ldcg(const float * p)          { return *(const volatile float *) p; }
+static inline unsigned short mk_ldcg(const unsigned short * p) { return *(const volatile unsigned short *) p; }
+
+// run kernel(args) on n_blocks blocks of n_threads threads, all co-resident; false on a deadlock
+inline void (*emu_entry_fn)(const void *);
+inline const void * emu_entry_args;
+
+inline void emu_trampoline() {
+    emu_entry_fn(emu_entry_args);
+    emu_cur_fiber->done = true;
+    ++emu_progress;
+}
+
+template <typename A>
+bool emu_launch(void (*kernel)(const A), const A & args, unsigned n_blocks, unsigned n_threads, size_t dyn_bytes,
+                const char * name = "kernel") {
+    static void (*k)(const A);
+    k = kernel;
+    emu_entry_fn = [](const void * p) { k(*(const A *) p); };
+    emu_entry_args = &args;
+    gridDim.x = n_blocks;
+    std::vector<std::unique_ptr<emu_block>> blocks;
+    std::vector<std::unique_ptr<emu_fiber>> fibers;
+    for (unsigned b = 0; b < n_blocks; ++b) {
+        auto blk = std::make_unique<emu_block>();
+        blk->bar.n = n_threads;
+        blk->warp_bar.resize(n_threads/WARP_SIZE);
+        for (auto & w : blk->warp_bar) w.n = WARP_SIZE;
+        blk->slot.assign(n_threads, 0.0f);
+        blk->dyn.assign(dyn_bytes, (char) 0x7f);
+        for (unsigned t = 0; t < n_threads; ++t) {
+            auto f = std::make_unique<emu_fiber>();
+            f->stack.resize(256*1024);
+            f->tid = t;
+            f->bid = b;
+            f->blk = blk.get();
+            getcontext(&f->ctx);
+            f->ctx.uc_stack.ss_sp = f->stack.data();
+            f->ctx.uc_stack.ss_size = f->stack.size();
+            f->ctx.uc_link = &emu_sched;
+            makecontext(&f->ctx, emu_trampoline, 0);
+            fibers.push_back(std::move(f));
+        }
+        blocks.push_back(std::move(blk));
+    }
+    // skew: each pass leaves one random block out, so blocks drift apart as they may on a GPU and a
+    // missing grid barrier shows up instead of hiding behind lock-step scheduling
+    uint64_t rs = 0x9e3779b97f4a7c15ull;
+    size_t left = fibers.size();
+    int idle_passes = 0;
+    while (left > 0) {
+        const long before = emu_progress;
+        rs = rs*6364136223846793005ull + 1442695040888963407ull;
+        const unsigned skip = n_blocks > 1 ? (unsigned) (rs >> 33) % (2*n_blocks) : n_blocks; // >= n_blocks: none
+        for (auto & f : fibers) {
+            if (f->done || f->bid == skip) continue;
+            emu_cur_fiber = f.get();
+            threadIdx.x = f->tid;
+            blockIdx.x = f->bid;
+            emu_cur = f->blk;
+            swapcontext(&emu_sched, &f->ctx);
+            if (f->done) --left;
+        }
+        // passes in which no barrier moved and no atomic changed anything: nothing ever will
+        idle_passes = emu_progress == before ? idle_passes + 1 : 0;
+        if (idle_passes >= 8 && left > 0) {
+            fprintf(stderr, "cuda_emu: deadlock in %s: %zu of %zu threads can never continue\n", name, left, fibers.size());
+            return false;
+        }
+    }
+    return true;
+}
