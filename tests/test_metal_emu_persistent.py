@@ -4,7 +4,7 @@ Builds ggml-metal/emu/selftest/persistent.metal (a multi-round prefix sum across
 phases are separated by the grid barrier of ggml-metal/mk/grid-barrier.h) with the runtime and
 persistent_driver.cpp, like test_metal_emu_planted.py builds planted.metal. The expected results come
 from numpy. Planted bugs must fail: the barrier without its device-scope fences, no barrier, fences
-without the arrive/spin (wrong results); a barrier that waits for one threadgroup more than launched
+without the arrive/spin, the barrier without its acquire fence (wrong results); a barrier that waits for one threadgroup more than launched
 and an oversubscribed launch (deadlock reports naming the kernel); a spin on plain device memory
 (watchdog report). The subprocess timeouts only turn a hang into a failure; no test measures time.
 """
@@ -136,11 +136,16 @@ def test_planted_barrier_bugs_caught(driver, tmp_path, kernel, sched, order):
 
 
 @pytest.mark.parametrize("order", ["fwd", "rev", "shuffle"])
-def test_fences_without_barrier_caught(driver, tmp_path, order):
-    # fences publish, but nothing makes a threadgroup wait for the others' data (default schedule)
-    r, bad = _scan(driver, tmp_path, "kernel_scan_fenceonly", 8, seed=1, ORDER=order)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert bad > 0
+@pytest.mark.parametrize("kernel", ["kernel_scan_fenceonly", "kernel_scan_noacquire"])
+def test_partial_barriers_caught(driver, tmp_path, kernel, order):
+    # fenceonly: the fences publish, but nothing makes a threadgroup wait for the others' data;
+    # noacquire: grid_barrier without its last fence, so loads after the spin may see data older than
+    # the arrival of the others. Both need skew between threadgroups: the default (greedy) schedule;
+    # the round-robin one keeps the threadgroups in lockstep and would let them pass.
+    for n_tg in (2, 8):
+        r, bad = _scan(driver, tmp_path, kernel, n_tg, seed=n_tg, ORDER=order)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert bad > 0, f"{kernel} with {n_tg} threadgroups ({order}) gave the right result"
 
 
 @pytest.mark.parametrize("sched", ["greedy", "rr"])
@@ -176,7 +181,8 @@ def test_translator_marks_persistent_kernels(tmp_path):
     subprocess.run(["python3", str(EMU / "msl2cpp.py"), "--source", str(EMU / "selftest" / "persistent.metal"),
                     "--out", str(out)], check=True)
     text = out.read_text()
-    for k in ("kernel_scan_ok", "kernel_scan_nofence", "kernel_scan_nobarrier", "kernel_scan_fenceonly", "kernel_plain_spin"):
+    for k in ("kernel_scan_ok", "kernel_scan_nofence", "kernel_scan_nobarrier", "kernel_scan_fenceonly",
+              "kernel_scan_noacquire", "kernel_plain_spin"):
         assert f'("{k}", ' in text and f'"persistent", true);' in text.split(f'("{k}", ')[1].split("\n")[0], k
     out2 = tmp_path / "q.cpp"
     subprocess.run(["python3", str(EMU / "msl2cpp.py"), "--source", str(EMU / "selftest" / "planted.metal"),

@@ -173,6 +173,7 @@ struct fiber {
     // persistent dispatches: a fiber is 'stalled' when it is about to repeat an atomic operation on
     // the address it last observed, and nothing in device memory changed since it looked
     bool         stalled;
+    bool         soft;       // yielded at a fence right after such an observation
     const void * last_addr;
     uint64_t     last_epoch;
 };
@@ -220,6 +221,7 @@ struct worker {
     bool     error = false;
     store_buffer sb;        // persistent dispatches: plain device stores not yet published
     int64_t  tg_linear = -1;
+    uint64_t acq_seq = 0;   // persistent dispatches: publications this threadgroup has acquired
     uint64_t rng = 0x9E3779B97F4A7C15ull;
 
 #ifdef EMU_ASAN
@@ -395,6 +397,7 @@ void tg_begin(worker * w, const emu_dispatch * d, uint32_t x, uint32_t y, uint32
         f.parity = 0;
         f.coll_n = 0;
         f.stalled = false;
+        f.soft = false;
         f.last_addr = nullptr;
         f.last_epoch = 0;
         fiber_init(w, &f, i);
@@ -406,6 +409,8 @@ struct pass_result {
     bool progressed;  // a thread exited, a barrier/SIMD operation completed or a thread did new work
     bool blocked;     // every live thread waits at a barrier/SIMD operation or is a stalled spinner
     bool stalled;     // ... and at least one of them is a stalled spinner (persistent dispatches)
+    bool soft;        // a thread yielded at a fence right after an observation that saw no news: no
+                      // progress yet, but its next pass may make some
 };
 
 // runs every live thread of the threadgroup once, up to its next scheduling point
@@ -417,7 +422,7 @@ pass_result tg_pass(worker * w) {
         for (int i = nt - 1; i > 0; --i) std::swap(order[i], order[rnd(w) % (i + 1)]);
     }
     const uint64_t p0 = w->progress;
-    pass_result r = { 0, false, true, false };
+    pass_result r = { 0, false, true, false, false };
     for (int k = 0; k < nt; ++k) {
         fiber & f = w->fibers[order[k]];
         if (f.done) continue;
@@ -428,8 +433,9 @@ pass_result tg_pass(worker * w) {
         }
         r.live++;
         if (f.waiting) continue;
-        if (f.stalled) {
+        if (f.stalled || f.soft) {
             r.stalled = true;
+            r.soft = r.soft || f.soft;
         } else {
             r.blocked = false;
             r.progressed = true;
@@ -633,6 +639,15 @@ struct mem_range { uint8_t * lo; uint8_t * hi; };
 std::mutex & ranges_mtx() { static std::mutex m; return m; }
 std::vector<mem_range> & ranges() { static std::vector<mem_range> v; return v; }
 
+// the bytes of one page that one device-scope fence published (old = the content before)
+struct publication {
+    uint64_t              seq;
+    uint8_t *             page;
+    std::vector<uint16_t> pos;
+    std::vector<uint8_t>  old_b;
+    std::vector<uint8_t>  new_b;
+};
+
 struct persistent_state {
     std::atomic<bool>        active{false};   // a persistent dispatch runs (on one thread)
     std::atomic<const emu_dispatch *> d{nullptr};
@@ -641,6 +656,8 @@ struct persistent_state {
     std::atomic<uint64_t>    rounds{0};       // scheduler rounds (watchdog)
     std::atomic<uint64_t>    serial{0};       // persistent dispatches started (watchdog)
     std::vector<store_buffer> retired;        // store buffers of exited threadgroups
+    std::vector<publication> log;             // publications not yet acquired by every resident threadgroup
+    uint64_t                 seq = 0;         // publications so far
 };
 
 persistent_state g_ps;
@@ -674,19 +691,74 @@ void sb_track(worker * w, uint8_t * page) {
     protect(page, ps, PROT_READ | PROT_WRITE);
 }
 
-// the threadgroup stops running: memory goes back to the published content, its stores wait in 'mine'
+// A threadgroup's view of device memory: the publications up to its last acquire (acq_seq) plus its
+// own unpublished stores. Memory holds the running threadgroup's view; between turns it holds the
+// latest published content. Publications newer than the threadgroup's acquire are undone while it
+// runs (a load without an acquire fence sees stale data), and redone when it stops.
+// the pages of the publications newer than the threadgroup's acquire, writable (pages_rw) and back
+// to read-only (pages_ro): one mprotect per page and switch
+std::vector<uint8_t *> & log_pages() { static std::vector<uint8_t *> v; return v; }
+
+size_t log_first_unacquired(const worker * w) {
+    size_t k = g_ps.log.size();
+    while (k > 0 && g_ps.log[k - 1].seq > w->acq_seq) k--;
+    return k;
+}
+
+void log_pages_rw(size_t first) {
+    std::vector<uint8_t *> & v = log_pages();
+    v.clear();
+    for (size_t k = first; k < g_ps.log.size(); ++k) v.push_back(g_ps.log[k].page);
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    for (uint8_t * p : v) protect(p, page_size(), PROT_READ | PROT_WRITE);
+}
+
+void log_pages_ro() {
+    for (uint8_t * p : log_pages()) protect(p, page_size(), PROT_READ);
+}
+
+void log_undo(worker * w) {
+    const size_t first = log_first_unacquired(w);
+    if (first == g_ps.log.size()) return;
+    log_pages_rw(first);
+    for (size_t k = g_ps.log.size(); k-- > first;) {
+        const publication & e = g_ps.log[k];
+        for (size_t i = 0; i < e.pos.size(); ++i) e.page[e.pos[i]] = e.old_b[i];
+    }
+    log_pages_ro();
+}
+
+void log_redo(worker * w) {
+    const size_t first = log_first_unacquired(w);
+    if (first == g_ps.log.size()) return;
+    log_pages_rw(first);
+    for (size_t k = first; k < g_ps.log.size(); ++k) {
+        const publication & e = g_ps.log[k];
+        for (size_t i = 0; i < e.pos.size(); ++i) e.page[e.pos[i]] = e.new_b[i];
+    }
+    log_pages_ro();
+}
+
+// the threadgroup stops running: its stores wait in 'mine', memory goes back to the latest
+// published content
 void sb_switch_out(worker * w) {
     const size_t ps = page_size();
     for (dirty_page & p : w->sb.pages) {
         memcpy(p.mine, p.page, ps);
         memcpy(p.page, p.twin, ps);
+    }
+    log_redo(w);
+    for (dirty_page & p : w->sb.pages) {
         protect(p.page, ps, PROT_READ);
     }
 }
 
-// the threadgroup runs again: its stores (bytes where mine != twin) go over the published content
+// the threadgroup runs again: memory shows what it has acquired, its stores (bytes where mine !=
+// twin) go over that
 void sb_switch_in(worker * w) {
     const size_t ps = page_size();
+    log_undo(w);
     for (dirty_page & p : w->sb.pages) {
         protect(p.page, ps, PROT_READ | PROT_WRITE);
         for (size_t i = 0; i < ps; ++i) {
@@ -706,16 +778,43 @@ void sb_free(store_buffer & sb) {
     sb.index.clear();
 }
 
-// device-scope fence of the running threadgroup: its stores become the published content
-bool sb_publish(worker * w) {
+// device-scope seq_cst fence of the running threadgroup: its stores are published (release) and it
+// sees every publication so far (acquire); returns whether its view of memory changed
+bool sb_fence(worker * w) {
     const size_t ps = page_size();
-    bool changed = false;
+    const uint64_t acq0 = w->acq_seq;
+    const uint64_t seq0 = g_ps.seq;
+    sb_switch_out(w); // memory: the latest published content
     for (dirty_page & p : w->sb.pages) {
-        changed = changed || memcmp(p.page, p.twin, ps) != 0;
+        publication e = { 0, p.page, {}, {}, {} };
+        for (size_t i = 0; i < ps; ++i) {
+            if (p.mine[i] != p.twin[i]) {
+                e.pos.push_back((uint16_t) i);
+                e.old_b.push_back(p.page[i]);
+                e.new_b.push_back(p.mine[i]);
+            }
+        }
+        if (e.pos.empty()) continue;
+        protect(p.page, ps, PROT_READ | PROT_WRITE);
+        for (size_t i = 0; i < e.pos.size(); ++i) p.page[e.pos[i]] = e.new_b[i];
         protect(p.page, ps, PROT_READ);
+        e.seq = ++g_ps.seq;
+        g_ps.log.push_back(std::move(e));
     }
     sb_free(w->sb);
-    return changed;
+    w->acq_seq = g_ps.seq;
+    return g_ps.seq != seq0 || acq0 != seq0;
+}
+
+// drop the publications every resident threadgroup has acquired
+void log_trim(const std::vector<worker *> & res) {
+    uint64_t lo = g_ps.seq;
+    for (const worker * w : res) {
+        if (w) lo = std::min(lo, w->acq_seq);
+    }
+    size_t k = 0;
+    while (k < g_ps.log.size() && g_ps.log[k].seq <= lo) k++;
+    g_ps.log.erase(g_ps.log.begin(), g_ps.log.begin() + k);
 }
 
 struct sigaction g_old_segv;
@@ -855,6 +954,8 @@ bool run_persistent(const emu_dispatch * d) {
     g_ps.d = d;
     g_ps.epoch = 0;
     g_ps.retired.clear();
+    g_ps.log.clear();
+    g_ps.seq = 0;
     g_ps.serial++;
     g_ps.active = true;
 
@@ -863,6 +964,7 @@ bool run_persistent(const emu_dispatch * d) {
     auto start = [&](worker * w) {
         const int64_t i = next++;
         w->tg_linear = i;
+        w->acq_seq = g_ps.seq; // a threadgroup starts with everything published so far
         tg_begin(w, d, (uint32_t) (i % gx), (uint32_t) ((i / gx) % gy), (uint32_t) (i / (gx*gy)));
     };
     std::vector<worker *> res;
@@ -892,8 +994,8 @@ bool run_persistent(const emu_dispatch * d) {
             for (int t = 0; t < budget; ++t) {
                 g_ps.rounds++;
                 r = tg_pass(w);
-                if (r.live == 0 || !r.progressed) break;
-                progressed = true;
+                if (r.live == 0 || (!r.progressed && !r.soft)) break;
+                progressed = progressed || r.progressed;
             }
             sb_switch_out(w);
             if (r.live == 0) {
@@ -920,6 +1022,7 @@ bool run_persistent(const emu_dispatch * d) {
             W = nullptr;
         }
         res.erase(std::remove(res.begin(), res.end(), nullptr), res.end());
+        log_trim(res);
         if (!ok) break;
         if (progressed || g_ps.epoch != e0) {
             idle = 0;
@@ -1111,10 +1214,10 @@ void emu_device_fence(bool publish) {
     if (!g_ps.active) return;
     worker * w = W;
     fiber * f = w->cur;
-    f->stalled = f->last_addr != nullptr && f->last_epoch == g_ps.epoch;
+    f->soft = f->last_addr != nullptr && f->last_epoch == g_ps.epoch;
     yield_to_sched(w);
-    f->stalled = false;
-    if (publish && sb_publish(w)) {
+    f->soft = false;
+    if (publish && sb_fence(w)) {
         g_ps.epoch++;
     }
 }

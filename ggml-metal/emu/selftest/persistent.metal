@@ -24,19 +24,41 @@ static inline void grid_barrier_nofence(device atomic_uint * bar, uint n_tg, ush
     threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 
+// planted bug: grid_barrier() without its last fence (the acquire side after the spin)
+static inline void grid_barrier_noacquire(device atomic_uint * bar, uint n_tg, ushort tiitg) {
+    atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tiitg == 0) {
+        const uint gen = atomic_load_explicit(&bar[1], memory_order_relaxed);
+        atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device);
+        const uint arrived = atomic_fetch_add_explicit(&bar[0], 1u, memory_order_relaxed) + 1u;
+        if (arrived == n_tg) {
+            atomic_store_explicit(&bar[0], 0u, memory_order_relaxed);
+            atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device);
+            atomic_store_explicit(&bar[1], gen + 1u, memory_order_relaxed);
+        } else {
+            while (atomic_load_explicit(&bar[1], memory_order_relaxed) == gen) {
+            }
+        }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
 struct scan_args {
     uint n_rounds;
     uint n_wait;   // threadgroups a barrier waits for (the grid size unless a test plants a bug)
 };
 
 // MODE 0: grid_barrier, 1: the planted barrier without fences, 2: no barrier, 3: the fences of
-// grid_barrier without its arrive/spin
+// grid_barrier without its arrive/spin, 4: grid_barrier without the acquire fence
 template<int MODE>
 static inline void scan_sync(device atomic_uint * bar, uint n_wait, ushort tiitg) {
     if (MODE == 0) {
         grid_barrier(bar, n_wait, tiitg);
     } else if (MODE == 1) {
         grid_barrier_nofence(bar, n_wait, tiitg);
+    } else if (MODE == 4) {
+        grid_barrier_noacquire(bar, n_wait, tiitg);
     } else if (MODE == 3) {
         atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device);
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -96,6 +118,7 @@ template [[host_name("kernel_scan_ok")]]        kernel kernel_scan_t kernel_scan
 template [[host_name("kernel_scan_nofence")]]   kernel kernel_scan_t kernel_scan<1>;
 template [[host_name("kernel_scan_nobarrier")]] kernel kernel_scan_t kernel_scan<2>;
 template [[host_name("kernel_scan_fenceonly")]] kernel kernel_scan_t kernel_scan<3>;
+template [[host_name("kernel_scan_noacquire")]] kernel kernel_scan_t kernel_scan<4>;
 
 // planted bug: a flag polled with plain (non-atomic) loads; the thread never reaches a scheduling
 // point, the emulator's watchdog reports it
