@@ -301,7 +301,7 @@ void fiber_exit(worker * w, fiber * f) {
     w->progress++;
 }
 
-void emu_fiber_main(fiber * f) {
+[[noreturn]] void emu_fiber_main(fiber * f) {
     worker * w = W;
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &w->asan_main_bottom, &w->asan_main_size);
