@@ -181,7 +181,7 @@ atomic_fetch_xor_explicit atomic_fetch_max_explicit atomic_fetch_min_explicit at
 atomic_compare_exchange_weak_explicit atomic_thread_fence""".split()
 
 # a function that uses these synchronises threadgroups through device memory
-DEVICE_SYNC = re.compile(r"\batomic_thread_fence\b|\bdevice\s+(?:const\s+)?(?:volatile\s+)?atomic_\w+")
+DEVICE_SYNC = re.compile(r"\batomic_thread_fence\b|\bdevice\s+(?:const\s+)?(?:volatile\s+)?atomic(?:_\w+|\s*<)")
 CALL_KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype", "static_assert", "FOR_UNROLL"}
 
 # ---------------------------------------------------------------------------------------------
