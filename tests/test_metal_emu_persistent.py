@@ -169,6 +169,24 @@ def test_oversubscription_is_reported(driver, tmp_path):
     assert r.returncode == 0 and bad == 0, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("order", ["fwd", "shuffle"])
+def test_device_atomics(driver, tmp_path, order):
+    # every thread of 3x the co-resident threadgroups (later ones start as earlier ones exit):
+    # fetch_add (uint, float), fetch_max, an xor through a compare-exchange loop
+    n_tg = 3*_residency(driver)
+    x = np.random.default_rng(11).integers(0, 2**32, n_tg*NTG, dtype=np.uint32)
+    fin, fout = tmp_path / "atomics_in.bin", tmp_path / "atomics_out.bin"
+    x.tofile(fin)
+    r = subprocess.run([str(driver), "atomics", str(n_tg), str(NTG), str(fin), str(fout)], capture_output=True,
+                       text=True, env=_env(ORDER=order), timeout=HANG)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = np.fromfile(fout, dtype=np.uint32)
+    assert np.array_equal(out[:16], np.bincount(x % 16, minlength=16))
+    assert out[16:17].view(np.float32)[0] == float((x % 256).sum())  # < 2^24: exact in any order
+    assert out[17:18].view(np.int32)[0] == int((x >> 1).max())
+    assert out[18] == np.bitwise_xor.reduce(x)
+
+
 def test_plain_spin_reported_by_watchdog(driver):
     r = subprocess.run([str(driver), "plain_spin"], capture_output=True, text=True, env=_env(WATCHDOG_S=2), timeout=HANG)
     assert r.returncode != 0
@@ -182,7 +200,7 @@ def test_translator_marks_persistent_kernels(tmp_path):
                     "--out", str(out)], check=True)
     text = out.read_text()
     for k in ("kernel_scan_ok", "kernel_scan_nofence", "kernel_scan_nobarrier", "kernel_scan_fenceonly",
-              "kernel_scan_noacquire", "kernel_plain_spin"):
+              "kernel_scan_noacquire", "kernel_plain_spin", "kernel_atomics"):
         assert f'("{k}", ' in text and f'"persistent", true);' in text.split(f'("{k}", ')[1].split("\n")[0], k
     out2 = tmp_path / "q.cpp"
     subprocess.run(["python3", str(EMU / "msl2cpp.py"), "--source", str(EMU / "selftest" / "planted.metal"),

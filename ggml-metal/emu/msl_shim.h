@@ -518,6 +518,7 @@ typedef emu_atomic<int>   atomic_int;
 typedef emu_atomic<uint>  atomic_uint;
 typedef emu_atomic<float> atomic_float;
 typedef emu_atomic<bool>  atomic_bool;
+template<typename T> using atomic = emu_atomic<T>;
 
 template<typename A> struct emu_atomic_value;
 template<typename T> struct emu_atomic_value<emu_atomic<T>> { typedef T type; };
@@ -528,11 +529,25 @@ template<typename T> EMU_INL bool emu_same(T a, T b) { return __builtin_memcmp(&
 
 template<typename A> EMU_INL emu_av_t<A> * emu_aptr(A * a) { return (emu_av_t<A> *) &((std::remove_cv_t<A> *) a)->v; }
 
+// the __atomic_*_n builtins take integers only: floats go through the generic forms
+template<typename T> EMU_INL T emu_aload(T * p) {
+    if constexpr (std::is_integral_v<T>) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    else { T r; __atomic_load(p, &r, __ATOMIC_RELAXED); return r; }
+}
+template<typename T> EMU_INL T emu_axchg(T * p, T v) {
+    if constexpr (std::is_integral_v<T>) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+    else { T r; __atomic_exchange(p, &v, &r, __ATOMIC_RELAXED); return r; }
+}
+template<typename T> EMU_INL bool emu_acas(T * p, T * expected, T desired, bool weak) {
+    if constexpr (std::is_integral_v<T>) { return __atomic_compare_exchange_n(p, expected, desired, weak, __ATOMIC_RELAXED, __ATOMIC_RELAXED); }
+    else { return __atomic_compare_exchange(p, expected, &desired, weak, __ATOMIC_RELAXED, __ATOMIC_RELAXED); }
+}
+
 template<typename A> EMU_INL emu_av_t<A> atomic_load_explicit(A * a, memory_order) {
     typedef emu_av_t<A> T;
     T * p = emu_aptr(a);
     emu_atomic_begin(p);
-    const T r = __atomic_load_n(p, __ATOMIC_RELAXED);
+    const T r = emu_aload(p);
     emu_atomic_end(p, sizeof(T), false);
     return r;
 }
@@ -540,14 +555,14 @@ template<typename A, typename U> EMU_INL void atomic_store_explicit(A * a, U v, 
     typedef emu_av_t<A> T;
     T * p = emu_aptr(a);
     emu_atomic_begin(p);
-    const T old = __atomic_exchange_n(p, (T) v, __ATOMIC_RELAXED);
+    const T old = emu_axchg(p, (T) v);
     emu_atomic_end(p, sizeof(T), !emu_same(old, (T) v));
 }
 template<typename A, typename U> EMU_INL emu_av_t<A> atomic_exchange_explicit(A * a, U v, memory_order) {
     typedef emu_av_t<A> T;
     T * p = emu_aptr(a);
     emu_atomic_begin(p);
-    const T old = __atomic_exchange_n(p, (T) v, __ATOMIC_RELAXED);
+    const T old = emu_axchg(p, (T) v);
     emu_atomic_end(p, sizeof(T), !emu_same(old, (T) v));
     return old;
 }
@@ -556,7 +571,7 @@ template<typename A, typename U> EMU_INL bool atomic_compare_exchange_weak_expli
     T * p = emu_aptr(a);
     emu_atomic_begin(p);
     const T want = *expected;
-    const bool ok = __atomic_compare_exchange_n(p, expected, (T) desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    const bool ok = emu_acas(p, expected, (T) desired, false);
     emu_atomic_end(p, sizeof(T), ok && !emu_same(want, (T) desired));
     return ok;
 }
@@ -566,11 +581,11 @@ template<typename A, typename F> EMU_INL emu_av_t<A> emu_atomic_rmw(A * a, F f) 
     typedef emu_av_t<A> T;
     T * p = emu_aptr(a);
     emu_atomic_begin(p);
-    T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    T old = emu_aload(p);
     T nv;
     do {
         nv = f(old);
-    } while (!__atomic_compare_exchange_n(p, &old, nv, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    } while (!emu_acas(p, &old, nv, true));
     emu_atomic_end(p, sizeof(T), !emu_same(old, nv));
     return old;
 }

@@ -133,3 +133,21 @@ kernel void kernel_plain_spin(
     }
     dst[tgpig] = 1u;
 }
+
+// device atomics from every thread of every threadgroup: a histogram (fetch_add), a float sum
+// (atomic_float), a maximum (fetch_max) and an xor through a compare-exchange loop
+kernel void kernel_atomics(
+        device const uint  * src,
+        device atomic_uint * hist,
+        device atomic_float * fsum,
+        device atomic_int  * imax,
+        device atomic_uint * xr,
+        uint tpig [[thread_position_in_grid]]) {
+    const uint v = src[tpig];
+    atomic_fetch_add_explicit(&hist[v % 16u], 1u, memory_order_relaxed);
+    atomic_fetch_add_explicit(fsum, float(v % 256u), memory_order_relaxed);
+    atomic_fetch_max_explicit(imax, int(v >> 1), memory_order_relaxed);
+    uint old = atomic_load_explicit(xr, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(xr, &old, old ^ v, memory_order_relaxed, memory_order_relaxed)) {
+    }
+}

@@ -2,6 +2,7 @@
 // test writes and reads as files (the expected values come from numpy, not from here).
 // usage: persistent_driver residency <threads per threadgroup>
 //        persistent_driver scan <kernel> <n_tg> <n_wait> <rounds> <ntg> <in.bin> <out.bin>
+//        persistent_driver atomics <n_tg> <ntg> <in.bin> <out.bin>
 //        persistent_driver plain_spin
 // exit 0 = ran (out.bin written: dst then rev), 4 = the emulator reported an error, 2 = usage
 #include "emu-runtime.h"
@@ -86,6 +87,34 @@ int main(int argc, char ** argv) {
         }
         return 0;
     }
+    if (c == "atomics" && argc == 6) {
+        // atomics <n_tg> <ntg> <in.bin> <out.bin>: out = hist[16] (uint), fsum (float), imax (int), xor (uint)
+        const int n_tg = atoi(argv[2]), ntg = atoi(argv[3]);
+        const size_t n = (size_t) n_tg*ntg;
+        uint32_t * src = device_alloc(n, 0);
+        FILE * fi = fopen(argv[4], "rb");
+        if (!fi || fread(src, sizeof(uint32_t), n, fi) != n) {
+            fprintf(stderr, "%s: cannot read %zu values\n", argv[4], n);
+            return 3;
+        }
+        fclose(fi);
+        uint32_t * res = device_alloc(32, 0); // hist[0..15], fsum at 16, imax at 17, xor at 18
+        emu_dispatch d = {};
+        d.kernel = find("kernel_atomics");
+        void * bufs[] = { src, res, res + 16, res + 17, res + 18 };
+        for (int i = 0; i < 5; ++i) d.bufs[i] = bufs[i];
+        d.ntgpg[0] = n_tg; d.ntgpg[1] = 1; d.ntgpg[2] = 1;
+        d.ntg[0] = ntg;    d.ntg[1] = 1;   d.ntg[2] = 1;
+        if (!emu_run_dispatch(&d)) {
+            return 4;
+        }
+        FILE * fo = fopen(argv[5], "wb");
+        if (!fo || fwrite(res, sizeof(uint32_t), 19, fo) != 19 || fclose(fo) != 0) {
+            perror(argv[5]);
+            return 3;
+        }
+        return 0;
+    }
     if (c == "plain_spin" && argc == 2) {
         uint32_t * flag = device_alloc(1, 0);
         uint32_t * dst  = device_alloc(4, 0);
@@ -97,6 +126,6 @@ int main(int argc, char ** argv) {
         d.ntg[0] = 32;  d.ntg[1] = 1;   d.ntg[2] = 1;
         return emu_run_dispatch(&d) ? 0 : 4;
     }
-    fprintf(stderr, "usage: %s residency NTG | scan KERNEL N_TG N_WAIT ROUNDS NTG IN OUT | plain_spin\n", argv[0]);
+    fprintf(stderr, "usage: %s residency NTG | scan KERNEL N_TG N_WAIT ROUNDS NTG IN OUT | atomics N_TG NTG IN OUT | plain_spin\n", argv[0]);
     return 2;
 }
