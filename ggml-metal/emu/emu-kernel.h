@@ -37,5 +37,5 @@ inline void emu_call(R (*f)(A...), const emu_arg_desc * k) {
 }
 
 struct emu_registrar {
-    emu_registrar(const char * name, emu_kernel_fn fn, const char * file) { emu_register_kernel(name, fn, file); }
+    emu_registrar(const char * name, emu_kernel_fn fn, const char * file, bool coresident) { emu_register_kernel(name, fn, file, coresident); }
 };

@@ -24,6 +24,15 @@ void   emu_mma_f32(float * d, const void * a, int ta, const void * b, int tb, co
 void * emu_tg_alloc(const void * key, size_t size, size_t align);
 void   emu_report_misaligned(const void * p, size_t align, const char * where);
 
+// device-scope synchronisation (persistent dispatches, see PERSISTENT.md): every atomic operation on
+// device memory is bracketed by begin/end; begin is a scheduling point (the other co-resident
+// threadgroups run), end reports whether the operation changed memory. A device-scope fence is a
+// scheduling point that publishes the threadgroup's plain device stores (publish = false: a fence
+// that orders nothing, e.g. memory_order_relaxed or threadgroup scope).
+void   emu_atomic_begin(const void * p);
+void   emu_atomic_end(const void * p, size_t n, bool changed);
+void   emu_device_fence(bool publish);
+
 // kernel argument kinds (parameter order of the kernel function)
 enum emu_arg_kind : uint8_t {
     EMU_ARG_BUFFER = 0,   // [[buffer(n)]] or implicit: idx = buffer index
@@ -52,7 +61,9 @@ void   emu_arg_u3 (emu_arg_kind kind, uint32_t out[3]);        // thread positio
 typedef void (*emu_kernel_fn)(void);
 
 // registration (called from the generated per-file registration functions)
-void emu_register_kernel(const char * name, emu_kernel_fn fn, const char * file);
+// coresident: the kernel synchronises threadgroups through device memory (device atomics or
+// device-scope fences, found by msl2cpp.py); its dispatches run as persistent dispatches
+void emu_register_kernel(const char * name, emu_kernel_fn fn, const char * file, bool coresident);
 void emu_register_fc(int idx, void * ptr, size_t size);
 
 // --- used by the device layer ------------------------------------------------------------------
@@ -60,6 +71,7 @@ struct emu_kernel_info {
     const char *  name;
     emu_kernel_fn fn;
     const char *  file;
+    bool          coresident;
 };
 
 const emu_kernel_info * emu_find_kernel(const char * name);
@@ -85,6 +97,16 @@ struct emu_dispatch {
 
 // runs all threadgroups of a dispatch (blocking); returns false on an emulation error
 bool emu_run_dispatch(const emu_dispatch * d);
+
+// co-residency limit of the emulated GPU: how many threadgroups of this size can be resident at
+// once (GPU cores x threadgroups per core; env GGML_METAL_EMU_GPU_CORES, default 8, and
+// GGML_METAL_EMU_RESIDENCY = total override). A persistent kernel must launch at most this many.
+int  emu_max_resident_threadgroups(int threads_per_threadgroup, size_t threadgroup_memory_bytes);
+
+// device memory whose plain stores persistent dispatches buffer per threadgroup (page-aligned
+// ranges; the emulated device registers its buffers, test drivers register theirs)
+void emu_device_memory_register(void * p, size_t size);
+void emu_device_memory_unregister(void * p);
 
 // all kernels of all translated files (generated: emu-kernels-index.cpp)
 void emu_register_all_kernels(void);

@@ -122,6 +122,13 @@ if (GGML_METAL_EMU_BF16)
     # what the Objective-C library init passes to Apple's compiler when the device has bfloat
     list(APPEND EMU_KERNEL_FLAGS -DGGML_METAL_HAS_BF16=1 -D__METAL_VERSION__=310)
     target_compile_definitions(ggml-metal PRIVATE GGML_METAL_EMU_HAS_BF16)
+    # without AVX512-BF16, float -> bfloat conversions are calls to __truncsfbf2, which GCC 12's libgcc
+    # lacks (executables linking libggml-metal then fail): take it from compiler-rt's builtins
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} --rtlib=compiler-rt -print-libgcc-file-name
+                    OUTPUT_VARIABLE EMU_RT_BUILTINS OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if (EMU_RT_BUILTINS AND EXISTS "${EMU_RT_BUILTINS}")
+        target_link_libraries(ggml-metal PRIVATE "${EMU_RT_BUILTINS}")
+    endif()
 endif()
 if (GGML_METAL_EMU_SANITIZE)
     list(APPEND EMU_KERNEL_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer)

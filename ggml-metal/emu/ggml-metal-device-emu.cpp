@@ -527,6 +527,9 @@ ggml_metal_buffer_t ggml_metal_buffer_init(ggml_metal_device_t dev, size_t size,
     buf->size  = size_aligned;
     buf->owned = true;
     buf->dev   = dev;
+    // persistent dispatches buffer the plain stores to it per threadgroup (emu/PERSISTENT.md); mapped
+    // host memory (model files) is not tracked
+    emu_device_memory_register(data, size_aligned);
     return buf;
 }
 
@@ -542,6 +545,7 @@ ggml_metal_buffer_t ggml_metal_buffer_map(ggml_metal_device_t dev, void * ptr, s
 
 void ggml_metal_buffer_free(ggml_metal_buffer_t buf) {
     if (buf->owned) {
+        emu_device_memory_unregister(buf->data);
         free(buf->data);
     }
     delete buf;

@@ -176,7 +176,13 @@ isfinite min max clamp abs dot length normalize select mix all any popcount clz 
 simd_min simd_shuffle simd_broadcast simd_shuffle_down simd_shuffle_up simd_shuffle_xor simd_prefix_exclusive_sum
 simd_prefix_inclusive_sum simd_all simd_any simdgroup_load simdgroup_store simdgroup_multiply_accumulate
 simdgroup_multiply make_filled_simdgroup_matrix threadgroup_barrier simdgroup_barrier atomic_store_explicit
-atomic_load_explicit atomic_fetch_add_explicit""".split()
+atomic_load_explicit atomic_fetch_add_explicit atomic_fetch_sub_explicit atomic_fetch_and_explicit atomic_fetch_or_explicit
+atomic_fetch_xor_explicit atomic_fetch_max_explicit atomic_fetch_min_explicit atomic_exchange_explicit
+atomic_compare_exchange_weak_explicit atomic_thread_fence""".split()
+
+# a function that uses these synchronises threadgroups through device memory
+DEVICE_SYNC = re.compile(r"\batomic_thread_fence\b|\bdevice\s+(?:const\s+)?(?:volatile\s+)?atomic(?:_\w+|\s*<)")
+CALL_KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype", "static_assert", "FOR_UNROLL"}
 
 # ---------------------------------------------------------------------------------------------
 # step 2: rewrite
@@ -192,6 +198,7 @@ class Translator:
         self.fcs = []          # (name, idx expr)
         self.n_inst = 0
         self.type_names = set(VEC_TYPES)
+        self.coresident = set()  # functions that (transitively) synchronise through device memory
 
     def collect_types(self, s):
         for m in re.finditer(r"\b(?:typename|class)\s+(\w+)", s):
@@ -249,8 +256,9 @@ class Translator:
         self.n_inst += 1
         if idx % self.parts != self.part:
             return ""
+        cores = "true" if fname in self.coresident else "false"
         return (f"\nstatic void emu_thunk_{idx}() {{ emu_call(&{fexpr}, emu_kinds_{fname}); }}\n"
-                f"static emu_registrar emu_reg_{idx}(\"{host_name}\", &emu_thunk_{idx}, \"{self.name}\");\n")
+                f"static emu_registrar emu_reg_{idx}(\"{host_name}\", &emu_thunk_{idx}, \"{self.name}\", {cores});\n")
 
     def do_kernels(self, s):
         out = []
@@ -379,6 +387,34 @@ class Translator:
                 out.append(body[i:m.end()])
                 i = m.end()
         return "".join(out)
+
+    # -- persistent kernels
+    def find_coresident(self, s):
+        """names of the functions whose parameters or bodies use device atomics or atomic_thread_fence,
+        directly or through functions they call (by name, overloads merged): the kernels among them
+        run as persistent dispatches (all threadgroups co-resident, PERSISTENT.md)"""
+        funcs = {}
+        for m in re.finditer(r"\b(\w+)\s*\(", s):
+            name = m.group(1)
+            if name in CALL_KEYWORDS:
+                continue
+            close = match_paren(s, m.end() - 1)
+            k = close + 1
+            while k < len(s) and s[k] in " \t\n":
+                k += 1
+            if k >= len(s) or s[k] != "{":
+                continue  # a call or a declaration
+            end = match_paren(s, k, "{", "}")
+            funcs[name] = funcs.get(name, "") + s[m.end():end + 1]
+        marked = {f for f, t in funcs.items() if DEVICE_SYNC.search(t)}
+        while True:
+            more = set()
+            for f, t in funcs.items():
+                if f not in marked and marked and re.search(r"\b(%s)\s*[(<]" % "|".join(sorted(marked)), t):
+                    more.add(f)
+            if not more:
+                return marked
+            marked |= more
 
     # -- threadgroup arrays in bodies
     def do_tg_vars(self, s):
@@ -510,6 +546,7 @@ class Translator:
         s = re.sub(r"(?m)^\s*#\s*pragma\s+(unroll|METAL).*$", "", s)
         s = re.sub(r"(?m)^\s*using\s+namespace\s+metal\s*;", "", s)
         self.collect_types(s)
+        self.coresident = self.find_coresident(s)
         s = self.do_function_constants(s)
         s = self.do_kernels(s)
         # leftover parameter attributes, e.g. in typedef'd kernel function types
@@ -559,6 +596,8 @@ def main():
     ap.add_argument("--part", type=int, default=0)
     ap.add_argument("--index", action="store_true")
     ap.add_argument("--source", help="translate this .metal file instead of an assembled ggml one")
+    ap.add_argument("-I", "--include-dir", action="append", default=[],
+                    help="with --source: directory searched for #include \"...\" files (after the source's own)")
     ap.add_argument("--extract-supports-op", metavar="DEVICE_M",
                     help="extract ggml_metal_device_supports_op() from ggml-metal-device.m")
     ap.add_argument("items", nargs="*")
@@ -593,7 +632,7 @@ def main():
         text = "\n".join(lines) + "\n"
     else:
         if a.source:
-            src = open(a.source).read()
+            src = inline_includes(a.source, a.include_dir, set())
             name = a.kernel or os.path.splitext(os.path.basename(a.source))[0]
         else:
             src = assemble(a.ggml_metal_dir, a.kernel)
@@ -601,6 +640,27 @@ def main():
         text = Translator(src, name, a.parts, a.part).output()
 
     write_if_changed(a.out, text)
+
+
+def inline_includes(path, dirs, seen):
+    """the text of an MSL source with its #include "..." files inlined (each file once, as with
+    #pragma once); <...> includes stay (the translator drops them)"""
+    out = []
+    for line in open(path).read().split("\n"):
+        m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
+        if not m:
+            out.append("" if re.match(r"\s*#\s*pragma\s+once\b", line) else line)
+            continue
+        for d in [os.path.dirname(os.path.abspath(path))] + dirs:
+            cand = os.path.abspath(os.path.join(d, m.group(1)))
+            if os.path.exists(cand):
+                break
+        else:
+            fail(f"{path}: #include \"{m.group(1)}\" not found (searched the source's directory and {dirs})")
+        if cand not in seen:
+            seen.add(cand)
+            out.append(inline_includes(cand, dirs, seen))
+    return "\n".join(out)
 
 
 def write_if_changed(path, text):

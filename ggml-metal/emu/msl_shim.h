@@ -24,6 +24,9 @@
 #define threadgroup
 #define constant const
 #define kernel
+// MSL 3.2 coherent(device): device memory coherent across threadgroups (the emulator treats all
+// device memory alike, PERSISTENT.md)
+#define coherent(scope)
 
 #define EMU_INL __attribute__((always_inline)) inline
 
@@ -363,7 +366,11 @@ using std::conditional_t;
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
 EMU_INL mem_flags operator|(mem_flags a, mem_flags b) { return (mem_flags) ((int) a | (int) b); }
 
+// threadgroup scope (the default, and what the two-argument form with thread_scope_threadgroup
+// says); a device-scope fence is atomic_thread_fence's job
 EMU_INL void threadgroup_barrier(mem_flags) { emu_tg_barrier(); }
+enum thread_scope { thread_scope_thread = 0, thread_scope_simdgroup = 1, thread_scope_threadgroup = 2, thread_scope_device = 3 };
+EMU_INL void threadgroup_barrier(mem_flags, thread_scope) { emu_tg_barrier(); }
 EMU_INL void simdgroup_barrier(mem_flags)   { emu_simd_sync(); }
 
 // ---- SIMD-group functions -----------------------------------------------------------------------
@@ -501,27 +508,100 @@ EMU_INL void simdgroup_multiply(thread simdgroup_matrix<TD, 8, 8> & d, const thr
 }
 
 // ---- atomics ----------------------------------------------------------------------------------
-enum memory_order { memory_order_relaxed = __ATOMIC_RELAXED };
+// MSL atomic operations take memory_order_relaxed; fences take relaxed or seq_cst. On device memory
+// every operation is a scheduling point of a persistent dispatch (emu_atomic_begin/end, PERSISTENT.md);
+// the operations themselves are real atomics (pool dispatches run threadgroups on several threads).
+enum memory_order { memory_order_relaxed = __ATOMIC_RELAXED, memory_order_seq_cst = __ATOMIC_SEQ_CST };
 
 template<typename T> struct emu_atomic { T v; };
 typedef emu_atomic<int>   atomic_int;
 typedef emu_atomic<uint>  atomic_uint;
 typedef emu_atomic<float> atomic_float;
+typedef emu_atomic<bool>  atomic_bool;
+template<typename T> using atomic = emu_atomic<T>;
 
-template<typename T, typename U> EMU_INL void atomic_store_explicit(volatile emu_atomic<T> * a, U v, memory_order) { __atomic_store_n(&a->v, (T) v, __ATOMIC_RELAXED); }
-template<typename T, typename U> EMU_INL void atomic_store_explicit(emu_atomic<T> * a, U v, memory_order) { __atomic_store_n(&a->v, (T) v, __ATOMIC_RELAXED); }
-template<typename T> EMU_INL T atomic_load_explicit(emu_atomic<T> * a, memory_order) { return __atomic_load_n(&a->v, __ATOMIC_RELAXED); }
-template<typename T, typename U> EMU_INL T atomic_fetch_add_explicit(emu_atomic<T> * a, U v, memory_order) {
-    if constexpr (std::is_same_v<T, float>) {
-        T old = a->v; a->v += (T) v; return old; // float atomics: threadgroups of one worker are serialised
-    } else {
-        return __atomic_fetch_add(&a->v, (T) v, __ATOMIC_RELAXED);
-    }
+template<typename A> struct emu_atomic_value;
+template<typename T> struct emu_atomic_value<emu_atomic<T>> { typedef T type; };
+template<typename A> using emu_av_t = typename emu_atomic_value<std::remove_cv_t<A>>::type;
+
+// bit-level comparison (float atomics: -0.0f != 0.0f, a stored NaN is a change)
+template<typename T> EMU_INL bool emu_same(T a, T b) { return __builtin_memcmp(&a, &b, sizeof(T)) == 0; }
+
+template<typename A> EMU_INL emu_av_t<A> * emu_aptr(A * a) { return (emu_av_t<A> *) &((std::remove_cv_t<A> *) a)->v; }
+
+// the __atomic_*_n builtins take integers only: floats go through the generic forms
+template<typename T> EMU_INL T emu_aload(T * p) {
+    if constexpr (std::is_integral_v<T>) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    else { T r; __atomic_load(p, &r, __ATOMIC_RELAXED); return r; }
 }
-template<typename T, typename U> EMU_INL T atomic_fetch_max_explicit(emu_atomic<T> * a, U v, memory_order) {
-    T old = __atomic_load_n(&a->v, __ATOMIC_RELAXED);
-    while (old < (T) v && !__atomic_compare_exchange_n(&a->v, &old, (T) v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+template<typename T> EMU_INL T emu_axchg(T * p, T v) {
+    if constexpr (std::is_integral_v<T>) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+    else { T r; __atomic_exchange(p, &v, &r, __ATOMIC_RELAXED); return r; }
+}
+template<typename T> EMU_INL bool emu_acas(T * p, T * expected, T desired, bool weak) {
+    if constexpr (std::is_integral_v<T>) { return __atomic_compare_exchange_n(p, expected, desired, weak, __ATOMIC_RELAXED, __ATOMIC_RELAXED); }
+    else { return __atomic_compare_exchange(p, expected, &desired, weak, __ATOMIC_RELAXED, __ATOMIC_RELAXED); }
+}
+
+template<typename A> EMU_INL emu_av_t<A> atomic_load_explicit(A * a, memory_order) {
+    typedef emu_av_t<A> T;
+    T * p = emu_aptr(a);
+    emu_atomic_begin(p);
+    const T r = emu_aload(p);
+    emu_atomic_end(p, sizeof(T), false);
+    return r;
+}
+template<typename A, typename U> EMU_INL void atomic_store_explicit(A * a, U v, memory_order) {
+    typedef emu_av_t<A> T;
+    T * p = emu_aptr(a);
+    emu_atomic_begin(p);
+    const T old = emu_axchg(p, (T) v);
+    emu_atomic_end(p, sizeof(T), !emu_same(old, (T) v));
+}
+template<typename A, typename U> EMU_INL emu_av_t<A> atomic_exchange_explicit(A * a, U v, memory_order) {
+    typedef emu_av_t<A> T;
+    T * p = emu_aptr(a);
+    emu_atomic_begin(p);
+    const T old = emu_axchg(p, (T) v);
+    emu_atomic_end(p, sizeof(T), !emu_same(old, (T) v));
     return old;
+}
+template<typename A, typename U> EMU_INL bool atomic_compare_exchange_weak_explicit(A * a, thread emu_av_t<A> * expected, U desired, memory_order, memory_order) {
+    typedef emu_av_t<A> T;
+    T * p = emu_aptr(a);
+    emu_atomic_begin(p);
+    const T want = *expected;
+    const bool ok = emu_acas(p, expected, (T) desired, false);
+    emu_atomic_end(p, sizeof(T), ok && !emu_same(want, (T) desired));
+    return ok;
+}
+
+// read-modify-write through a compare-exchange loop (works for float too)
+template<typename A, typename F> EMU_INL emu_av_t<A> emu_atomic_rmw(A * a, F f) {
+    typedef emu_av_t<A> T;
+    T * p = emu_aptr(a);
+    emu_atomic_begin(p);
+    T old = emu_aload(p);
+    T nv;
+    do {
+        nv = f(old);
+    } while (!emu_acas(p, &old, nv, true));
+    emu_atomic_end(p, sizeof(T), !emu_same(old, nv));
+    return old;
+}
+template<typename A, typename U> EMU_INL emu_av_t<A> atomic_fetch_add_explicit(A * a, U v, memory_order) { return emu_atomic_rmw(a, [v](emu_av_t<A> x) { return (emu_av_t<A>) (x + (emu_av_t<A>) v); }); }
+template<typename A, typename U> EMU_INL emu_av_t<A> atomic_fetch_sub_explicit(A * a, U v, memory_order) { return emu_atomic_rmw(a, [v](emu_av_t<A> x) { return (emu_av_t<A>) (x - (emu_av_t<A>) v); }); }
+template<typename A, typename U> EMU_INL emu_av_t<A> atomic_fetch_and_explicit(A * a, U v, memory_order) { return emu_atomic_rmw(a, [v](emu_av_t<A> x) { return (emu_av_t<A>) (x & (emu_av_t<A>) v); }); }
+template<typename A, typename U> EMU_INL emu_av_t<A> atomic_fetch_or_explicit (A * a, U v, memory_order) { return emu_atomic_rmw(a, [v](emu_av_t<A> x) { return (emu_av_t<A>) (x | (emu_av_t<A>) v); }); }
+template<typename A, typename U> EMU_INL emu_av_t<A> atomic_fetch_xor_explicit(A * a, U v, memory_order) { return emu_atomic_rmw(a, [v](emu_av_t<A> x) { return (emu_av_t<A>) (x ^ (emu_av_t<A>) v); }); }
+template<typename A, typename U> EMU_INL emu_av_t<A> atomic_fetch_max_explicit(A * a, U v, memory_order) { return emu_atomic_rmw(a, [v](emu_av_t<A> x) { return x < (emu_av_t<A>) v ? (emu_av_t<A>) v : x; }); }
+template<typename A, typename U> EMU_INL emu_av_t<A> atomic_fetch_min_explicit(A * a, U v, memory_order) { return emu_atomic_rmw(a, [v](emu_av_t<A> x) { return (emu_av_t<A>) v < x ? (emu_av_t<A>) v : x; }); }
+
+// atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device) publishes the
+// threadgroup's plain device stores (MSL 3.2). A relaxed fence orders nothing, a threadgroup-scope
+// fence nothing beyond the threadgroup: both are scheduling points only.
+EMU_INL void atomic_thread_fence(mem_flags flags, memory_order order, thread_scope scope = thread_scope_device) {
+    emu_device_fence(((int) flags & (int) mem_flags::mem_device) != 0 && order == memory_order_seq_cst && scope == thread_scope_device);
 }
 
 } // namespace metal
