@@ -42,7 +42,7 @@ import numpy as np
 
 from .gguf_layout import (GGUF_MAGIC, T_ARRAY, T_STRING, GGUFFormatError,
                           GGUFLayout, _align, pack_kv, read_layout)
-from .util import HarnessError, atomic_write_bytes
+from .util import HarnessError, atomic_write_bytes, fsync_dir
 
 SRC_ARCH, DST_ARCH = "hyv4", "hy_v4"
 SRC_INDEXER, DST_INDEXER = "attention.indexer.is_full", "attention.indexer.types"
@@ -183,18 +183,6 @@ def _fit(p: Plan) -> None:
     p.new_header += b"\0" * (_align(len(p.new_header), lay.alignment) - len(p.new_header))
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
 
 def _copy_rewritten(p: Plan, dest: Path, chunk: int = 64 << 20) -> None:
     """New header + the input's data section into a temp file beside dest, fsync, rename."""
@@ -221,7 +209,7 @@ def _copy_rewritten(p: Plan, dest: Path, chunk: int = 64 << 20) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
 
 
 def backup_path_for(path: Path) -> Path:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import stq1_0
 from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
-from .util import HarnessError
+from .util import HarnessError, fsync_dir
 
 PRIVATE_ID = 42  # the id the private files use; upstream Q2_0 at the pin
 STQ1_0_ID = stq1_0.TYPE_ID  # 43
@@ -180,7 +180,7 @@ def _atomic_copy(src: Path, dest: Path, edit=None) -> None:
         if tmp.exists():
             tmp.unlink()
         raise
-    _fsync_dir(dst_dir)
+    fsync_dir(dst_dir)
 
 
 def apply(plan: Plan, output=None, backup: bool = True, backup_path=None, force: bool = False) -> Path | None:
@@ -219,18 +219,6 @@ def apply(plan: Plan, output=None, backup: bool = True, backup_path=None, force:
         _patch(f, plan)
     return bak
 
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d if str(d) else ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _report(plan: Plan) -> str:

@@ -49,6 +49,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def fsync_dir(d: Path) -> None:
+    """Make a rename in directory d durable (best effort: some filesystems refuse fsync on a directory)."""
+    try:
+        fd = os.open(d if str(d) else ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def run(cmd: list[str], cwd: Path | None = None, env: Mapping[str, str] | None = None,
         check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
     """Run a short command, capture its output; on failure raise HarnessError with command + output."""

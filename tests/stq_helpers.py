@@ -73,6 +73,15 @@ def source_tree(build: Path) -> Path:
     pytest.skip(f"{build}: cannot tell its source tree (no CMakeCache.txt); set STQ_LLAMA_TREE")
 
 
+def cxx() -> str:
+    """A C++ compiler for the host-emulation drivers (CXX, c++, g++, clang++), or a skip."""
+    import shutil
+    for c in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if c and shutil.which(c):
+            return c
+    pytest.skip("no C++ compiler (CXX, c++, g++, clang++)")
+
+
 def run_patched_gguf_py(build: Path, code: str, timeout: int = 300) -> str:
     """Run ``code`` in a fresh Python whose ``import gguf`` is the build's source tree gguf-py
     (the PyPI gguf of this environment does not know STQ1_0).  Returns stdout; skips when the

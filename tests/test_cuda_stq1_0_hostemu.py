@@ -6,13 +6,13 @@ into C emulations, and the result is compared with ggml's CPU dequantization (cu
 branch and the portable (HIP/MUSA) branch are checked, and a planted bug must make the check fail. The real
 kernels run on the lent H200 (tests/test_cuda_stq1_0.py, harness/cuda_device.sh).
 """
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from stq_helpers import cxx, source_tree
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "cuda_hostemu" / "stq1_0_vecdot_emu.cpp"
@@ -27,13 +27,6 @@ ASM_RULES = [
      r"\1 = emu_dp4a_us(\2, \3, \4);"),
 ]
 
-
-def _source_tree(build: Path) -> Path:
-    cache = (build / "CMakeCache.txt").read_text(errors="replace")
-    m = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", cache, re.M)
-    if not m:
-        pytest.fail(f"{build}/CMakeCache.txt names no source directory (CMAKE_HOME_DIRECTORY)")
-    return Path(m.group(1))
 
 
 def extract_device_code(vecdotq: Path) -> str:
@@ -66,19 +59,13 @@ def extract_device_code(vecdotq: Path) -> str:
     return code
 
 
-def _cxx() -> str:
-    for c in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if c and shutil.which(c):
-            return c
-    pytest.skip("no C++ compiler (CXX, c++, g++, clang++)")
-
 
 def _build_and_run(tmp_path: Path, name: str, code: str, cpu_build: Path, src: Path, defines=()) -> subprocess.CompletedProcess:
     inc = tmp_path / f"{name}.inc"
     inc.write_text(code)
     exe = tmp_path / name
     lib = cpu_build / "bin"
-    cmd = [_cxx(), "-std=c++17", "-O1", f'-DSTQ_VECDOT_INC="{inc}"', *defines,
+    cmd = [cxx(), "-std=c++17", "-O1", f'-DSTQ_VECDOT_INC="{inc}"', *defines,
            f"-I{src}/ggml/include", f"-I{src}/ggml/src", str(DRIVER), "-o", str(exe),
            f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -88,7 +75,7 @@ def _build_and_run(tmp_path: Path, name: str, code: str, cpu_build: Path, src: P
 
 @pytest.fixture(scope="module")
 def device_code(cpu_build):
-    src = _source_tree(cpu_build)
+    src = source_tree(cpu_build)
     vecdotq = src / "ggml" / "src" / "ggml-cuda" / "vecdotq.cuh"
     if not vecdotq.is_file():
         pytest.fail(f"{vecdotq} is missing")

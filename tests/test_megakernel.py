@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from stq_helpers import cxx, source_tree
+
 from harness import config, cuda_toolkit
 
 MK = config.MEGAKERNEL_DIR
@@ -37,25 +39,13 @@ EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_deq_emu.cpp"
 TEST_MK = MK / "tests" / "test-mk.cpp"
 
 
-def _source_tree(build: Path) -> Path:
-    m = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", (build / "CMakeCache.txt").read_text(errors="replace"), re.M)
-    if not m:
-        pytest.fail(f"{build}/CMakeCache.txt names no source directory")
-    return Path(m.group(1))
-
-
-def _cxx() -> str:
-    for c in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if c and shutil.which(c):
-            return c
-    pytest.skip("no C++ compiler (CXX, c++, g++, clang++)")
 
 
 def _run_deq_emu(tmp_path: Path, cpu_build: Path, header: Path) -> subprocess.CompletedProcess:
-    src = _source_tree(cpu_build)
+    src = source_tree(cpu_build)
     exe = tmp_path / "mk_deq_emu"
     lib = cpu_build / "bin"
-    cmd = [_cxx(), "-std=c++17", "-O1", f'-DMK_DEQ_PATH="{header}"', f"-I{src}/ggml/include", f"-I{src}/ggml/src",
+    cmd = [cxx(), "-std=c++17", "-O1", f'-DMK_DEQ_PATH="{header}"', f"-I{src}/ggml/include", f"-I{src}/ggml/src",
            str(EMU), "-o", str(exe), f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"compiling the host emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
@@ -93,10 +83,10 @@ KERNEL_EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_kernel_emu.cpp
 
 @pytest.fixture(scope="module")
 def kernel_emu(tmp_path_factory, cpu_build) -> Path:
-    src = _source_tree(cpu_build)
+    src = source_tree(cpu_build)
     exe = tmp_path_factory.mktemp("mk_kernel_emu") / "mk_kernel_emu"
     lib = cpu_build / "bin"
-    cmd = [_cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", f"-I{src}/ggml/include",
+    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", f"-I{src}/ggml/include",
            f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{KERNEL_EMU.parent}", str(KERNEL_EMU), "-o", str(exe),
            f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -118,7 +108,7 @@ def test_cuda_kernel_on_host_without_grid_barriers_fails(kernel_emu):
 
 
 def test_cuda_sources_compile_for_sm90(cpu_build):
-    src = _source_tree(cpu_build)
+    src = source_tree(cpu_build)
     res = cuda_toolkit.compile_check(MK / "cuda" / "mk.cu", [src / "ggml" / "src", src / "ggml" / "include", MK, MK / "cuda"])
     print(f"mk.cu for sm_90: registers {res.get('registers')}, spill stores {res.get('spill_stores')} B, "
           f"spill loads {res.get('spill_loads')} B")
@@ -126,10 +116,10 @@ def test_cuda_sources_compile_for_sm90(cpu_build):
 
 
 def _build_test_mk(tmp_path: Path, build: Path) -> Path:
-    src = _source_tree(build)
+    src = source_tree(build)
     exe = tmp_path / "test-mk"
     lib = build / "bin"
-    cmd = [_cxx(), "-std=c++17", "-O2", str(TEST_MK), "-o", str(exe), f"-I{src}/include", f"-I{src}/ggml/include",
+    cmd = [cxx(), "-std=c++17", "-O2", str(TEST_MK), "-o", str(exe), f"-I{src}/include", f"-I{src}/ggml/include",
            f"-L{lib}", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"building test-mk failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
