@@ -121,7 +121,8 @@ def test_hyv4_twin_gives_identical_logits(server_bin, hy4, tmp_path):
 # Known bug, found by this test's first run (2026-11-30, lead): metal-emu's llama-server aborts at start
 # on the hy_v4 graph: "ggml_metal_buffer_get_id: metal-emu: tensor ' (view) (view)' is not inside its
 # buffer", then SIGSEGV (exit -11). Strict: the day it passes, this marker must go (issue 15).
-@pytest.mark.xfail(strict=True, reason="metal-emu: a hy_v4 view lies outside its buffer at server start "
+@pytest.mark.xfail(strict=True, raises=HarnessError,
+                   reason="metal-emu: a hy_v4 view lies outside its buffer at server start "
                    "(ggml_metal_buffer_get_id), then SIGSEGV; issue 15, not fixed yet")
 def test_metal_emu_matches_cpu(metal_emu_build, hy4):
     bin_dir = Path(metal_emu_build) / "bin"
