@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import hashlib
 import os
 import shutil
 import sys
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import config
-from .util import HarnessError, say
+from .util import HarnessError, say, sha256_file
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SPACE_MARGIN = 64 << 20  # bytes kept free beyond the files themselves
@@ -126,23 +125,13 @@ def preflight(dest: Path, todo: list[RemoteFile]) -> None:
                            f"free space or choose another folder with --dir")
 
 
-def sha256_of(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            b = fh.read(chunk)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
-
-
 def verify(path: Path, f: RemoteFile) -> None:
     size = path.stat().st_size
     bad = None
     if f.size is not None and size != f.size:
         bad = f"size {size} bytes, the hub says {f.size}"
     elif f.sha256:
-        got = sha256_of(path)
+        got = sha256_file(path)
         if got != f.sha256:
             bad = f"sha256 {got}, the hub says {f.sha256}"
     if bad:
