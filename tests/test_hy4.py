@@ -118,6 +118,18 @@ def test_hyv4_twin_gives_identical_logits(server_bin, hy4, tmp_path):
     assert cmp.bits_equal, (cmp.token_diffs, cmp.logprob_diffs)
 
 
+def _assert_close(cpu, other, label: str) -> None:
+    """Same greedy tokens as the CPU and log-probabilities within LOGPROB_TOL, first token and overall."""
+    for a, b in zip(cpu.gens, other.gens):
+        print(f"\n[hy4 {label}] first-token logprob cpu {a.logprobs[0]:.6f} {label} {b.logprobs[0]:.6f}; "
+              f"first differing token {spec.first_diff(a.tokens, b.tokens)}")
+        worst = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs))
+        print(f"  largest log-probability difference over {N_TOK} tokens: {worst:.2e}")
+        assert abs(a.logprobs[0] - b.logprobs[0]) <= LOGPROB_TOL
+        assert a.tokens == b.tokens
+        assert worst <= LOGPROB_TOL
+
+
 # Known bug, found by this test's first run (2026-11-30, lead): metal-emu's llama-server aborts at start
 # on the hy_v4 graph: "ggml_metal_buffer_get_id: metal-emu: tensor ' (view) (view)' is not inside its
 # buffer", then SIGSEGV (exit -11). Strict: the day it passes, this marker must go (issue 15).
@@ -133,14 +145,7 @@ def test_metal_emu_matches_cpu(metal_emu_build, hy4):
                    timeout=600)
     emu = spec.run(bin_dir, hy4[0], PROMPTS[:1], N_TOK, args=["-ngl", "99", "-dev", "MTL0"], label="metal-emu",
                    timeout=600)
-    for a, b in zip(cpu.gens, emu.gens):
-        print(f"\n[hy4 metal-emu] first-token logprob cpu {a.logprobs[0]:.6f} emu {b.logprobs[0]:.6f}; "
-              f"first differing token {spec.first_diff(a.tokens, b.tokens)}")
-        worst = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs))
-        print(f"  largest log-probability difference over {N_TOK} tokens: {worst:.2e}")
-        assert abs(a.logprobs[0] - b.logprobs[0]) <= LOGPROB_TOL
-        assert a.tokens == b.tokens
-        assert worst <= LOGPROB_TOL
+    _assert_close(cpu, emu, "metal-emu")
 
 
 def test_cuda_matches_cpu(hy4):
@@ -152,11 +157,4 @@ def test_cuda_matches_cpu(hy4):
     bin_dir = Path(os.environ["STQ_CUDA_BUILD"]) / "bin"
     cpu = spec.run(bin_dir, hy4[0], PROMPTS, N_TOK, args=["-ngl", "0", "-dev", "none"], label="cpu", timeout=600)
     gpu = spec.run(bin_dir, hy4[0], PROMPTS, N_TOK, args=["-ngl", "99", "-dev", "CUDA0"], label="cuda", timeout=600)
-    for a, b in zip(cpu.gens, gpu.gens):
-        print(f"\n[hy4 cuda] first-token logprob cpu {a.logprobs[0]:.6f} cuda {b.logprobs[0]:.6f}; "
-              f"first differing token {spec.first_diff(a.tokens, b.tokens)}")
-        worst = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs))
-        print(f"  largest log-probability difference over {N_TOK} tokens: {worst:.2e}")
-        assert abs(a.logprobs[0] - b.logprobs[0]) <= LOGPROB_TOL
-        assert a.tokens == b.tokens
-        assert worst <= LOGPROB_TOL
+    _assert_close(cpu, gpu, "cuda")
