@@ -13,7 +13,8 @@
 #   run(command="bash harness/cuda_device.sh remote all", carry=[".dev"], timeout_s=600)
 #       stages (any subset, in this order): build test sanitize bench ncu rpc  ("all" = build test sanitize bench)
 #       rpc: its own -DGGML_RPC=ON build; test-backend-ops -b RPC0 against a CUDA rpc-server on loopback
-#       (STQ_RPC_MODEL=FILE.gguf on the device adds harness/bench_rpc.py: CUDA local vs through rpc)
+#       (STQ_RPC_MODEL=FILE.gguf on the device adds harness/bench_rpc.py: CUDA local vs through rpc;
+#       STQ_RPC_BUILD=DIR reuses a build with -DGGML_RPC=ON and those targets, e.g. megakernel/device.sh's)
 #       logs and results go to $OUT (at most 8 files come back): build.log, test.log, sanitize.log,
 #       bench.log, bench.json, ncu.log
 #
@@ -147,13 +148,17 @@ remote() {
             # issue 16: STQ1_0 through ggml-rpc against a CUDA rpc-server on loopback (own build folder:
             # -DGGML_RPC=ON and the tools, which the main build leaves out)
             {
-                local rb="$work/build-rpc" port=50152
-                echo "== $(date -u +%FT%TZ) rpc build"
-                cmake -S "$src" -B "$rb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-                    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA="${STQ_CUDA_FA:-OFF}" -DGGML_RPC=ON \
-                    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-                    -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > /dev/null
-                ninja -C "$rb" -j "$jobs" test-backend-ops ggml-rpc-server llama-bench 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+                local rb="${STQ_RPC_BUILD:-$work/build-rpc}" port=50152
+                if [ -z "${STQ_RPC_BUILD:-}" ]; then
+                    echo "== $(date -u +%FT%TZ) rpc build"
+                    cmake -S "$src" -B "$rb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+                        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA="${STQ_CUDA_FA:-OFF}" -DGGML_RPC=ON \
+                        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+                        -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > /dev/null
+                    ninja -C "$rb" -j "$jobs" test-backend-ops ggml-rpc-server llama-bench 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+                else
+                    echo "== $(date -u +%FT%TZ) rpc: the existing build $rb (STQ_RPC_BUILD; GGML_RPC=ON, tests and tools built there)"
+                fi
                 "$rb/bin/ggml-rpc-server" --host 127.0.0.1 --port $port > "$out/rpc-server.log" 2>&1 &
                 local rpid=$!
                 sleep 3

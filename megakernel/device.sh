@@ -8,7 +8,8 @@
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
 #   bench, sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), sanitize. Logs and results under $OUT (every stage tees its full output there).
-# Environment: MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
+# Environment: MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
+#   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
 #   GPU (megakernel/synth_gpu.py), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
 #     split -b 45M "$(.venv/bin/stq-metal model)" /tmp/g3.   # here, once
@@ -51,7 +52,7 @@ stage_build() {
         -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA="${MK_FA:-OFF}" \
         -DGGML_MEGAKERNEL_DIR="$HERE/megakernel" \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; return 1; }
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF ${MK_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; return 1; }
     local t0=$SECONDS
     ninja -C "$BLD" -j "$JOBS" llama ${MK_TARGETS:-llama-bench} > "$OUT/build.log" 2>&1
     local rc=$?

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define GGML_MK_VERSION      1
+#define GGML_MK_VERSION      2
 #define GGML_MK_MAX_TOKENS   8     // decode (1) and verify (k+1 <= 8) batches
 #define GGML_MK_MAX_LAYERS   128
 #define GGML_MK_MAX_HEAD_DIM 512
@@ -89,6 +89,10 @@ struct ggml_mk_model {
     float   attn_factor;    // rope mscale (ggml attn_factor)
     float   kq_scale;       // scale of Q.K (1: Gemma folds it into Q or its norms)
     int32_t debug_flags;    // GGML_MK_DEBUG_*: planted bugs for tests only
+    int32_t n_ctx;          // KV cells of the context (an upper bound of every step's n_kv)
+    int32_t att_chunk;      // attention is split into chunks of this many cells, counted from cell 0
+                            // (a power of two fixed for the context: a token's chunks, and so its
+                            // bits, do not depend on the step's n_kv; see ggml_mk_att_chunk)
 
     struct ggml_mk_weight output;
     const float * output_norm;
@@ -123,6 +127,15 @@ struct ggml_mk_step {
     const float * pl_embd;                          // host: [n_tokens][n_embd_pl*n_layer] (Gemma 4), or NULL
     struct ggml_mk_kv_view kv[GGML_MK_MAX_LAYERS];
 };
+
+// the attention chunk for a context of n_ctx cells: 16 cells, doubled until at most 256 chunks
+static inline int32_t ggml_mk_att_chunk(int32_t n_ctx) {
+    int32_t c = 16;
+    while ((int64_t) c*256 < n_ctx) {
+        c *= 2;
+    }
+    return c;
+}
 
 typedef void * (*ggml_backend_mk_create_t)(const struct ggml_mk_model * model, char * err, size_t err_size);
 // evaluates one step; writes n_out rows of n_vocab logits to logits (host memory); 0 = success

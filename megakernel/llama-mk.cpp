@@ -221,6 +221,8 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
     p.attn_factor = cparams.yarn_attn_factor;
     p.kq_scale    = is_g4 ? hp.f_attention_scale : 1.0f;
     p.n_embd_pl   = is_g4 ? (int32_t) hp.n_embd_per_layer : 0;
+    p.n_ctx       = (int32_t) cparams.n_ctx;
+    p.att_chunk   = ggml_mk_att_chunk(p.n_ctx);
 
     // the token embedding rows are looked up on the host (llama.cpp keeps tok_embd in the input
     // layer's buffer); the kernel starts from them

@@ -4,17 +4,34 @@
 //   MK_DEVICE (inline helpers), MK_DEVICE_FN (larger device functions), MK_KERNEL (return type and
 //   attributes of the entry point),
 //   MK_SHARED(T, name, n) / MK_SHARED_DYN(T, name) (block-shared arrays), MK_UNROLL, MK_TRAP(),
-//   mk_f16(bits) -> float, mk_ldcg(p) (a load through L2, past the non-coherent L1),
+//   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) (loads through L2, past the non-coherent L1),
+//   mk_cp_async16(dst, src) / mk_cp_async_commit() / mk_cp_async_wait<N>() (asynchronous 16-byte copies
+//   global -> shared: issue, close a group, wait until at most N groups are pending),
 // plus the CUDA built-ins it uses (threadIdx, __syncthreads, __shfl_xor_sync, atomics, half, ...).
 #pragma once
 
 #include "ggml-mk.h"
 
-#define MK_WARPS   8
+#define MK_WARPS   16
 #define MK_THREADS (MK_WARPS*WARP_SIZE)
 #define MK_M       GGML_MK_MAX_TOKENS
 
-static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologue");
+static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
+
+// weights stream through shared memory: every warp keeps MK_NS stages of up to MK_TB bytes of one
+// row in flight (asynchronous 16-byte copies), decoding one stage while the next ones load
+#define MK_NS          3
+#define MK_TB          2048
+#define MK_STAGE_BYTES (MK_TB + 32)                      // a tile is copied from its 16-byte aligned start
+#define MK_WS_BYTES    (MK_WARPS*MK_NS*MK_STAGE_BYTES)
+
+// the block's copy of a mat-vec's inputs: [m][K/32 groups of 36 floats] (32 values + 4 of padding:
+// 16-byte aligned groups, conflict-free float4 reads), at most MK_XS_CAP values
+#ifndef MK_XS_CAP
+#define MK_XS_CAP      20480   // (the host emulation test builds with a small cap: the multi-pass path)
+#endif
+#define MK_XS_BYTES    (MK_XS_CAP/32*36*sizeof(float))
+#define MK_SMEM_BYTES  (MK_XS_BYTES + MK_WS_BYTES)
 
 // the per-step data on the device (uploaded with the masks and embedding rows in one copy)
 struct mk_dstep {
@@ -33,19 +50,22 @@ struct mk_args {
     const float * pl_embd;       // [M][n_pl_all]
 
     // scratch, each [MK_M][width]
-    float * x;      // residual stream (n_embd)
+    float * xb[2];  // residual stream, two buffers: a residual step writes the other one (n_embd)
     float * q;      // max_q
     float * k;      // max_kv
     float * v;      // max_kv
     float * att;    // max_q
     float * h;      // n_embd
-    float * g;      // max_ff
-    float * u;      // max_ff
+    float * g;      // max_ff: gelu(gate)*up
     float * pl_in;  // n_pl_all (Gemma 4: per-layer inputs)
     float * pl_g;   // n_embd_pl
     float * logits; // n_vocab
-    unsigned * bar; // grid barrier: [0] arrivals, [1] generation
+    float * att_part;    // attention chunks: [MK_M][max_head][n_chunk][4 + max_head_dim] (max, sum, -, -, acc)
+    unsigned * att_cnt;  // [MK_M][max_head] chunks done (the last one combines and resets it)
+    unsigned * bar;      // grid barrier: [0] arrivals, [1] generation
     int n_pl_all;
+    int max_head;
+    int n_chunk;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -83,22 +103,36 @@ MK_DEVICE void mk_grid_sync(const mk_args & a) {
 // mat-vec over M columns: y[m][r] = sum_k W[r][k] * X(m, k)
 
 enum mk_xmode {
-    MK_X_PLAIN = 0,   // X = a[m][k]
-    MK_X_NORM  = 1,   // X = a[m][k] * rs[m] * nw[k]     (rms norm with weight, rs from the prologue)
-    MK_X_GEGLU = 2,   // X = gelu(a[m][k]) * b[m][k]
+    MK_X_PLAIN = 0,   // X = a[m][k]                 (then the residual and the norm below, if given)
+    MK_X_GEGLU = 1,   // X = gelu(a[m][k]) * b[m][k]
 };
 
+// the inputs of a mat-vec, staged by every block into its shared memory
 struct mk_xin {
     int           mode;
     const float * a;  int lda;
     const float * b;  int ldb;
-    const float * nw;
+    // pending residual (res_h != NULL): a' = (a + res_h * rms(res_h) * res_nw) * res_scale, the new residual
+    // stream, which block 0 also writes to res_out (lda wide) for later phases
+    const float * res_h;
+    const float * res_nw;
+    float         res_scale;
+    float       * res_out;
+    const float * nw;  // != NULL: the input is rmsnorm(a') * nw
 };
 
 struct mk_job {
     ggml_mk_weight w;
     float * y;  int ldy;
     float softcap;   // 0 = none
+};
+
+// one mat-vec: up to 3 jobs over the same inputs; pair: jobs[0] = gate and jobs[1] = up with the same
+// rows, one warp computes both rows r and writes gelu(gate)*up to jobs[0].y
+struct mk_mv {
+    mk_job jobs[3];
+    int    n_jobs;
+    int    pair;
 };
 
 // explicit rounding intrinsics: never contracted into FMAs differently at different call sites
@@ -117,8 +151,157 @@ MK_DEVICE float mk_warp_sum(float v) {
     return v;
 }
 
-// rs[m] = 1/sqrt(mean(a[m]^2) + eps) for m < M, one warp per column; every block computes its own copy
-MK_DEVICE_FN void mk_rms_prologue(const float * a, int lda, int n, int M, float eps, float * rs) {
+// bytes of 256 consecutive values of a row (exact for any multiple of the type's block size)
+MK_DEVICE int mk_b256(int type) {
+    switch (type) {
+        case GGML_TYPE_F32:    return 1024;
+        case GGML_TYPE_F16:    return 512;
+        case GGML_TYPE_BF16:   return 512;
+        case GGML_TYPE_Q4_0:   return 144;
+        case GGML_TYPE_Q5_0:   return 176;
+        case GGML_TYPE_Q8_0:   return 272;
+        case GGML_TYPE_Q4_K:   return 144;
+        case GGML_TYPE_Q6_K:   return 210;
+        case GGML_TYPE_STQ1_0: return 42;
+        default:               return 0;
+    }
+}
+
+// a row is cut into nseg tiles of sgps*256 values (the last one shorter), each at most MK_TB bytes
+struct mk_tiling {
+    int nseg;
+    int sgps;
+    int b256;
+};
+
+MK_DEVICE mk_tiling mk_tiles(const ggml_mk_weight & w) {
+    mk_tiling t;
+    t.b256 = mk_b256(w.type);
+    const int nsg   = (w.ne0 + 255)/256;
+    const int bytes = (int) (((int64_t) w.ne0*t.b256)/256);
+    t.nseg = (bytes + MK_TB - 1)/MK_TB;
+    t.sgps = (nsg + t.nseg - 1)/t.nseg;
+    return t;
+}
+
+// where a warp is in its walk over the mat-vec: row unit u (pair: row u of both jobs), sub-row, tile
+struct mk_it {
+    int u, sub, seg, t;
+};
+
+struct mk_tile {
+    int job, row, g0, ng;   // groups g0 .. g0+ng-1 (32 values each) of row `row` of job `job`
+    const uint8_t * src;    // the tile's first byte
+    int nbytes;
+};
+
+MK_DEVICE int mk_units(const mk_mv & mv) {
+    if (mv.pair) {
+        return mv.jobs[0].w.ne1;
+    }
+    int n = 0;
+    for (int j = 0; j < mv.n_jobs; ++j) {
+        n += mv.jobs[j].w.ne1;
+    }
+    return n;
+}
+
+MK_DEVICE mk_tile mk_tile_at(const mk_mv & mv, const mk_tiling * tl, const mk_it & it) {
+    mk_tile t;
+    if (mv.pair) {
+        t.job = it.sub;
+        t.row = it.u;
+    } else {
+        t.job = 0;
+        t.row = it.u;
+        while (t.row >= mv.jobs[t.job].w.ne1) {
+            t.row -= mv.jobs[t.job].w.ne1;
+            ++t.job;
+        }
+    }
+    const ggml_mk_weight & w = mv.jobs[t.job].w;
+    const mk_tiling & T = tl[t.job];
+    const int v0 = it.seg*T.sgps*256;
+    const int v1 = min(w.ne0, v0 + T.sgps*256);
+    t.g0 = v0/32;
+    t.ng = (v1 - v0)/32;
+    const int64_t b0 = ((int64_t) v0*T.b256)/256;
+    const int64_t b1 = ((int64_t) v1*T.b256)/256;
+    t.src    = (const uint8_t *) w.data + (size_t) t.row*w.nb1 + b0;
+    t.nbytes = (int) (b1 - b0);
+    return t;
+}
+
+MK_DEVICE void mk_it_next(const mk_mv & mv, const mk_tiling * tl, mk_it & it, int job, int nwarps) {
+    ++it.t;
+    if (++it.seg < tl[job].nseg) {
+        return;
+    }
+    it.seg = 0;
+    if (++it.sub < (mv.pair ? 2 : 1)) {
+        return;
+    }
+    it.sub = 0;
+    it.u += nwarps;
+}
+
+MK_DEVICE int mk_it_job(const mk_mv & mv, const mk_it & it) {
+    if (mv.pair) {
+        return it.sub;
+    }
+    int j = 0;
+    int r = it.u;
+    while (r >= mv.jobs[j].w.ne1) {
+        r -= mv.jobs[j].w.ne1;
+        ++j;
+    }
+    return j;
+}
+
+// this warp's stage for tile number t
+MK_DEVICE uint8_t * mk_stage_buf(uint8_t * ws, int t) {
+    return ws + ((threadIdx.x / WARP_SIZE)*MK_NS + t % MK_NS)*MK_STAGE_BYTES;
+}
+
+// start the copy of one tile into its stage (16-byte pieces from the aligned-down start); one commit group
+MK_DEVICE void mk_fetch(const mk_mv & mv, const mk_tiling * tl, const mk_it & it, int n_units, uint8_t * ws) {
+    if (it.u < n_units) {
+        const mk_tile t = mk_tile_at(mv, tl, it);
+        const uintptr_t a0 = (uintptr_t) t.src & ~(uintptr_t) 15;
+        const uintptr_t a1 = ((uintptr_t) t.src + t.nbytes + 15) & ~(uintptr_t) 15;
+        const int n16 = (int) ((a1 - a0)/16);
+        uint8_t * dst = mk_stage_buf(ws, it.t);
+        for (int c = threadIdx.x % WARP_SIZE; c < n16; c += WARP_SIZE) {
+            mk_cp_async16(dst + 16*c, (const void *) (a0 + 16*c));
+        }
+    }
+    mk_cp_async_commit();
+}
+
+MK_DEVICE void mk_tilings(const mk_mv & mv, mk_tiling * tl) {
+    for (int j = 0; j < mv.n_jobs; ++j) {
+        tl[j] = mk_tiles(mv.jobs[j].w);
+    }
+}
+
+// issue this warp's first MK_NS - 1 tiles of a mat-vec: may run before the grid barrier that
+// precedes it (the weights do not depend on the barrier), so the loads overlap the wait
+MK_DEVICE_FN void mk_mv_begin(const mk_mv & mv, uint8_t * ws) {
+    mk_tiling tl[3];
+    mk_tilings(mv, tl);
+    const int n_units = mk_units(mv);
+    const int nwarps  = gridDim.x*MK_WARPS;
+    mk_it it = { (int) (blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE), 0, 0, 0 };
+    for (int i = 0; i < MK_NS - 1; ++i) {
+        mk_fetch(mv, tl, it, n_units, ws);
+        if (it.u < n_units) {
+            mk_it_next(mv, tl, it, mk_it_job(mv, it), nwarps);
+        }
+    }
+}
+
+// rs[m] = 1/sqrt(mean(a[m]^2) + eps) for m < M, one warp per column (a: global, written in this launch)
+MK_DEVICE_FN void mk_rms_global(const float * a, int lda, int n, int M, float eps, float * rs) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (warp < M) {
@@ -135,96 +318,150 @@ MK_DEVICE_FN void mk_rms_prologue(const float * a, int lda, int n, int M, float 
     __syncthreads();
 }
 
-MK_DEVICE float mk_x(const mk_xin & x, const float * rs, int m, int k) {
-    switch (x.mode) {
-        case MK_X_NORM:  return __fmul_rn(__fmul_rn(mk_ldcg(x.a + (size_t) m*x.lda + k), rs[m]), x.nw[k]);
-        case MK_X_GEGLU: return __fmul_rn(mk_gelu(mk_ldcg(x.a + (size_t) m*x.lda + k)), mk_ldcg(x.b + (size_t) m*x.ldb + k));
-        default:         return mk_ldcg(x.a + (size_t) m*x.lda + k);
-    }
+MK_DEVICE int mk_xs_at(int K, int m, int k) {
+    return m*(K/32*36) + (k/32)*36 + k%32;
 }
 
-// the block's copy of the transformed inputs, when M*K fits: [m][k + k/32] (padded: no bank conflicts)
-#define MK_XS_CAP   20480
-#define MK_XS_BYTES ((MK_XS_CAP + MK_XS_CAP/32)*sizeof(float))
-
-MK_DEVICE_FN void mk_matvec(const mk_job * jobs, int n_jobs, const mk_xin & x, const float * rs, int M) {
-    MK_SHARED_DYN(float, xs);
-    const int K  = jobs[0].w.ne0;
-    const int KP = K + K/32;
-    const bool staged = M*K <= MK_XS_CAP;
-    if (staged) {
-        for (int i = threadIdx.x; i < M*K; i += MK_THREADS) {
+// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy)
+MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, float * rs) {
+    if (x.res_h) {
+        mk_rms_global(x.res_h + (size_t) m0*x.lda, x.lda, K, Mc, eps, rs);
+    }
+    for (int i = threadIdx.x; i < Mc*K; i += MK_THREADS) {
+        const int m  = i / K;
+        const int k  = i % K;
+        const int mm = m0 + m;
+        float v;
+        if (x.mode == MK_X_GEGLU) {
+            v = __fmul_rn(mk_gelu(mk_ldcg(x.a + (size_t) mm*x.lda + k)), mk_ldcg(x.b + (size_t) mm*x.ldb + k));
+        } else {
+            v = mk_ldcg(x.a + (size_t) mm*x.lda + k);
+            if (x.res_h) {
+                const float hn = __fmul_rn(__fmul_rn(mk_ldcg(x.res_h + (size_t) mm*x.lda + k), rs[m]), x.res_nw[k]);
+                v = __fmul_rn(__fadd_rn(v, hn), x.res_scale);
+                if (blockIdx.x == 0) {
+                    x.res_out[(size_t) mm*x.lda + k] = v;
+                }
+            }
+        }
+        xs[mk_xs_at(K, m, k)] = v;
+    }
+    __syncthreads();
+    if (x.nw) {
+        const int warp = threadIdx.x / WARP_SIZE;
+        const int lane = threadIdx.x % WARP_SIZE;
+        if (warp < Mc) {
+            float ss = 0.0f;
+            for (int k = lane; k < K; k += WARP_SIZE) {
+                const float t = xs[mk_xs_at(K, warp, k)];
+                ss = fmaf(t, t, ss);
+            }
+            ss = mk_warp_sum(ss);
+            if (lane == 0) {
+                rs[MK_M + warp] = 1.0f/sqrtf(ss/K + eps);
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < Mc*K; i += MK_THREADS) {
             const int m = i / K;
             const int k = i % K;
-            xs[m*KP + k + k/32] = mk_x(x, rs, m, k);
+            float & t = xs[mk_xs_at(K, m, k)];
+            t = __fmul_rn(__fmul_rn(t, rs[MK_M + m]), x.nw[k]);
         }
         __syncthreads();
     }
-    const int lane   = threadIdx.x % WARP_SIZE;
-    const int warp   = blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
-    const int nwarps = gridDim.x*MK_WARPS;
+}
 
-    int rows = 0;
-    for (int j = 0; j < n_jobs; ++j) {
-        rows += jobs[j].w.ne1;
-    }
-    for (int r = warp; r < rows; r += nwarps) {
-        int j  = 0;
-        int rr = r;
-        while (rr >= jobs[j].w.ne1) {
-            rr -= jobs[j].w.ne1;
-            ++j;
+// the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier)
+MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws, float * rs) {
+    mk_tiling tl[3];
+    mk_tilings(mv, tl);
+    const int K       = mv.jobs[0].w.ne0;
+    const int n_units = mk_units(mv);
+    const int lane    = threadIdx.x % WARP_SIZE;
+    const int warp0   = blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
+    const int nwarps  = gridDim.x*MK_WARPS;
+    const int Mcap    = max(1, min(M, MK_XS_CAP / K));
+
+    for (int m0 = 0; m0 < M; m0 += Mcap) {
+        const int Mc = min(Mcap, M - m0);
+        if (m0 > 0) {
+            mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
         }
-        const mk_job & jb = jobs[j];
-        const uint8_t * row = (const uint8_t *) jb.w.data + (size_t) rr*jb.w.nb1;
-        const int G = (K + 31)/32;
+        mk_stage(x, K, m0, Mc, eps, xs, rs);
 
+        mk_it fe = { warp0, 0, 0, 0 };   // fetch: MK_NS - 1 tiles ahead of the consumer
+        for (int i = 0; i < MK_NS - 1 && fe.u < n_units; ++i) {
+            mk_it_next(mv, tl, fe, mk_it_job(mv, fe), nwarps);
+        }
         float acc[MK_M];
+        float gs[MK_M];
 #pragma unroll
-        for (int m = 0; m < MK_M; ++m) acc[m] = 0.0f;
+        for (int m = 0; m < MK_M; ++m) {
+            acc[m] = 0.0f;
+            gs[m]  = 0.0f;
+        }
+        for (mk_it it = { warp0, 0, 0, 0 }; it.u < n_units; ) {
+            mk_fetch(mv, tl, fe, n_units, ws);
+            if (fe.u < n_units) {
+                mk_it_next(mv, tl, fe, mk_it_job(mv, fe), nwarps);
+            }
+            mk_cp_async_wait<MK_NS - 1>();
+            __syncwarp();
 
-        for (int g = lane; g < G; g += WARP_SIZE) {
-            const int lim = min(32, K - 32*g);
-            float w[32];
-            mk_deq32(row, jb.w.type, g, lim, w);
+            const mk_tile t = mk_tile_at(mv, tl, it);
+            const mk_job & jb = mv.jobs[t.job];
+            const uint8_t * base = mk_stage_buf(ws, it.t) + ((uintptr_t) t.src & 15);
+            for (int i = lane; i < t.ng; i += WARP_SIZE) {
+                float w[32];
+                mk_deq32(base, jb.w.type, i, 32, w);
+                const int g = t.g0 + i;
 #pragma unroll
-            for (int m = 0; m < MK_M; ++m) {
-                if (m < M) {
+                for (int m = 0; m < MK_M; ++m) {
+                    if (m < Mc) {
+                        const float4 * xp = (const float4 *) (xs + m*(K/32*36) + g*36);
 #pragma unroll
-                    for (int i = 0; i < 32; ++i) {
-                        if (i < lim) {
-                            const float xv = staged ? xs[m*KP + 33*g + i] : mk_x(x, rs, m, 32*g + i);
-                            acc[m] = fmaf(w[i], xv, acc[m]);
+                        for (int q = 0; q < 8; ++q) {
+                            const float4 xv = xp[q];
+                            acc[m] = fmaf(w[4*q + 0], xv.x, acc[m]);
+                            acc[m] = fmaf(w[4*q + 1], xv.y, acc[m]);
+                            acc[m] = fmaf(w[4*q + 2], xv.z, acc[m]);
+                            acc[m] = fmaf(w[4*q + 3], xv.w, acc[m]);
                         }
                     }
                 }
             }
-        }
+            __syncwarp(); // the stage is refilled MK_NS - 1 tiles later
+
+            const bool row_done = it.seg == tl[t.job].nseg - 1;
+            const int  sub = it.sub;
+            mk_it_next(mv, tl, it, t.job, nwarps);
+            if (!row_done) {
+                continue;
+            }
 #pragma unroll
-        for (int m = 0; m < MK_M; ++m) {
-            if (m < M) {
-                float s = mk_warp_sum(acc[m]);
-                if (jb.softcap != 0.0f) {
-                    s = tanhf(s/jb.softcap)*jb.softcap;
-                }
-                if (lane == 0) {
-                    jb.y[(size_t) m*jb.ldy + rr] = s;
+            for (int m = 0; m < MK_M; ++m) {
+                if (m < Mc) {
+                    float s = mk_warp_sum(acc[m]);
+                    acc[m] = 0.0f;
+                    if (mv.pair && sub == 0) {
+                        gs[m] = s;
+                        continue;
+                    }
+                    if (mv.pair) {
+                        s = __fmul_rn(mk_gelu(gs[m]), s);
+                    } else if (jb.softcap != 0.0f) {
+                        s = tanhf(s/jb.softcap)*jb.softcap;
+                    }
+                    if (lane == 0) {
+                        const mk_job & jo = mv.pair ? mv.jobs[0] : jb;
+                        jo.y[(size_t) (m0 + m)*jo.ldy + t.row] = s;
+                    }
                 }
             }
         }
-    }
-    __syncthreads(); // xs is restaged by the next mat-vec
-}
-
-// x[m][k] = (x[m][k] + h[m][k]*rs_h[m]*nw[k]) * scale over the grid
-MK_DEVICE_FN void mk_residual(const mk_args & a, const float * nw, float scale, int M, float * rs) {
-    const int n = a.m->n_embd;
-    mk_rms_prologue(a.h, n, n, M, a.m->norm_eps, rs);
-    const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
-    for (int i = tid; i < M*n; i += gridDim.x*MK_THREADS) {
-        const int m = i / n;
-        const int k = i % n;
-        a.x[i] = (mk_ldcg(a.x + i) + mk_ldcg(a.h + i)*rs[m]*nw[k])*scale;
+        mk_cp_async_wait<0>();
+        __syncthreads(); // xs is restaged by the next pass or mat-vec
     }
 }
 
@@ -322,8 +559,16 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * wsm) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// attention: one warp per (token, head), online softmax over the cells the mask lets through
+// attention, split over the cells: one warp per (token, head, chunk of att_chunk cells counted from
+// cell 0), online softmax over the chunk's visible cells 4 at a time; the warp that finishes a
+// (token, head) last combines its chunks in chunk order. Chunk bounds and order are fixed by the
+// cell numbers alone, so a token's result does not depend on the step's n_kv or M.
+// Lanes own dimension pairs d = 2*lane + 64*i (+1), i < NP.
 
+MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u & 0xffff))); }
+MK_DEVICE float mk_hi(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u >> 16))); }
+
+template <int NP>
 MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
@@ -331,66 +576,201 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     const int warp   = blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
     const int nwarps = gridDim.x*MK_WARPS;
     const int hd     = L.head_dim;
-    const int nd     = hd/WARP_SIZE;      // dims per lane (<= 16): d = lane + 32*i
+    const int np     = hd/64;
     const int cache  = L.is_swa ? 1 : 0;
     const int n_kv   = st.n_kv[cache];
+    const int CH     = a.m->att_chunk;
+    const int nch    = (n_kv + CH - 1)/CH;
     const ggml_mk_kv_view & kv = st.kv[il];
     const int gqa    = L.n_head / L.n_head_kv;
+    const bool vt    = kv.v_sd != 2;   // transposed V: the 4 cells of one dimension are contiguous
+    const int PS     = 4 + a.m->max_head_dim;
 
-    for (int u = warp; u < M*L.n_head; u += nwarps) {
-        const int m   = u / L.n_head;
-        const int h   = u % L.n_head;
+    for (int u = warp; u < M*L.n_head*nch; u += nwarps) {
+        const int ch  = u % nch;
+        const int mh  = u / nch;
+        const int m   = mh / L.n_head;
+        const int h   = mh % L.n_head;
         const int hkv = h / gqa;
-        const float * q = a.q + (size_t) m*a.m->max_q + h*hd;
+        const float * q    = a.q + (size_t) m*a.m->max_q + h*hd;
         const float * mask = a.mask[cache] + (size_t) m*n_kv;
 
-        float qr[GGML_MK_MAX_HEAD_DIM/WARP_SIZE];
-        float acc[GGML_MK_MAX_HEAD_DIM/WARP_SIZE];
+        float q0[NP], q1[NP], a0[NP], a1[NP];
 #pragma unroll
-        for (int i = 0; i < GGML_MK_MAX_HEAD_DIM/WARP_SIZE; ++i) {
-            qr[i]  = i < nd ? mk_ldcg(q + lane + WARP_SIZE*i) : 0.0f;
-            acc[i] = 0.0f;
+        for (int i = 0; i < NP; ++i) {
+            q0[i] = i < np ? mk_ldcg(q + 2*lane + 64*i)     : 0.0f;
+            q1[i] = i < np ? mk_ldcg(q + 2*lane + 64*i + 1) : 0.0f;
+            a0[i] = 0.0f;
+            a1[i] = 0.0f;
         }
         float mx = -INFINITY;
         float l  = 0.0f;
-        const char * kb = (const char *) kv.k + hkv*kv.k_sh + 2*lane;
-        const char * vb = (const char *) kv.v + hkv*kv.v_sh + lane*kv.v_sd;
-        for (int c = 0; c < n_kv; ++c) {
-            const float mv = mask[c];
-            if (mv == -INFINITY) {
+        const char * kb = (const char *) kv.k + hkv*kv.k_sh + 4*lane;
+        const char * vb = (const char *) kv.v + hkv*kv.v_sh;
+        const int c0 = ch*CH;
+        const int c1 = min(n_kv, c0 + CH);
+        for (int c = c0; c < c1; c += 4) {
+            float mv[4];
+            bool any = false;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                mv[j] = c + j < c1 ? mask[c + j] : -INFINITY;
+                any = any || mv[j] != -INFINITY;
+            }
+            if (!any) {
                 continue;
             }
-            const char * kc = kb + c*kv.k_sc;
-            float sdot = 0.0f;
+            unsigned kr[4][NP];
+            unsigned vr[4][NP];   // plain V: cell j, dims (d, d+1); transposed: [0..1] cells 0-3 of d, [2..3] of d+1
 #pragma unroll
-            for (int i = 0; i < GGML_MK_MAX_HEAD_DIM/WARP_SIZE; ++i) {
-                if (i < nd) {
-                    const half kh = __ushort_as_half(mk_ldcg((const unsigned short *) (kc + 2*WARP_SIZE*i)));
-                    sdot = fmaf(qr[i], __half2float(kh), sdot);
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+                for (int i = 0; i < NP; ++i) {
+                    kr[j][i] = 0;
+                    vr[j][i] = 0;
+                    if (i < np && mv[j] != -INFINITY) {
+                        kr[j][i] = mk_ldcg_u32((const unsigned *) (kb + (c + j)*kv.k_sc + 128*i));
+                        if (!vt) {
+                            vr[j][i] = mk_ldcg_u32((const unsigned *) (vb + (c + j)*kv.v_sc + (2*lane + 64*i)*2));
+                        }
+                    }
                 }
             }
-            const float sc = mk_warp_sum(sdot)*a.m->kq_scale + mv;
-            const float mn = fmaxf(mx, sc);
-            const float corr = expf(mx - mn);
-            const float p = expf(sc - mn);
-            l = l*corr + p;
-            const char * vc = vb + c*kv.v_sc;
+            if (vt) {
 #pragma unroll
-            for (int i = 0; i < GGML_MK_MAX_HEAD_DIM/WARP_SIZE; ++i) {
-                if (i < nd) {
-                    const half vh = __ushort_as_half(mk_ldcg((const unsigned short *) (vc + WARP_SIZE*i*kv.v_sd)));
-                    acc[i] = fmaf(p, __half2float(vh), acc[i]*corr);
+                for (int i = 0; i < NP; ++i) {
+                    if (i < np) {
+                        const int d = 2*lane + 64*i;
+                        const unsigned * p0 = (const unsigned *) (vb + (size_t) d*kv.v_sd + (size_t) c*kv.v_sc);
+                        const unsigned * p1 = (const unsigned *) (vb + (size_t) (d + 1)*kv.v_sd + (size_t) c*kv.v_sc);
+                        vr[0][i] = mk_ldcg_u32(p0);
+                        vr[1][i] = mk_ldcg_u32(p0 + 1);
+                        vr[2][i] = mk_ldcg_u32(p1);
+                        vr[3][i] = mk_ldcg_u32(p1 + 1);
+                    }
+                }
+            }
+            float sc[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < NP; ++i) {
+                    s = fmaf(q0[i], mk_lo(kr[j][i]), s);
+                    s = fmaf(q1[i], mk_hi(kr[j][i]), s);
+                }
+                sc[j] = s;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                sc[j] = mk_warp_sum(sc[j]);
+            }
+            float mn = mx;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                sc[j] = fmaf(sc[j], a.m->kq_scale, mv[j]);
+                if (mv[j] != -INFINITY) {
+                    mn = fmaxf(mn, sc[j]);
+                }
+            }
+            const float corr = expf(mx - mn);
+            l = l*corr;
+#pragma unroll
+            for (int i = 0; i < NP; ++i) {
+                a0[i] *= corr;
+                a1[i] *= corr;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (mv[j] == -INFINITY) {
+                    continue;
+                }
+                const float p = expf(sc[j] - mn);
+                l += p;
+#pragma unroll
+                for (int i = 0; i < NP; ++i) {
+                    float v0, v1;
+                    if (vt) {
+                        const unsigned w0 = vr[j/2][i];       // dim d:   cells (j&~1, j|1) in word j/2
+                        const unsigned w1 = vr[2 + j/2][i];   // dim d+1
+                        v0 = (j & 1) ? mk_hi(w0) : mk_lo(w0);
+                        v1 = (j & 1) ? mk_hi(w1) : mk_lo(w1);
+                    } else {
+                        v0 = mk_lo(vr[j][i]);
+                        v1 = mk_hi(vr[j][i]);
+                    }
+                    a0[i] = fmaf(p, v0, a0[i]);
+                    a1[i] = fmaf(p, v1, a1[i]);
                 }
             }
             mx = mn;
         }
-        float * out = a.att + (size_t) m*a.m->max_q + h*hd;
-        const float inv = l > 0.0f ? 1.0f/l : 0.0f;
+
+        // this chunk's partial result, then the (token, head)'s chunk count
+        float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
+        float * P = part + (size_t) ch*PS;
+        if (lane == 0) {
+            P[0] = mx;
+            P[1] = l;
+        }
 #pragma unroll
-        for (int i = 0; i < GGML_MK_MAX_HEAD_DIM/WARP_SIZE; ++i) {
-            if (i < nd) {
-                out[lane + WARP_SIZE*i] = acc[i]*inv;
+        for (int i = 0; i < NP; ++i) {
+            if (i < np) {
+                P[4 + 2*lane + 64*i]     = a0[i];
+                P[4 + 2*lane + 64*i + 1] = a1[i];
             }
+        }
+        __threadfence();
+        __syncwarp();
+        unsigned done = 0;
+        if (lane == 0) {
+            done = atomicAdd(a.att_cnt + mh, 1u);
+        }
+        done = __shfl_sync(0xffffffff, done, 0);
+        if (done != (unsigned) nch - 1) {
+            continue;
+        }
+        // the last chunk of (m, h): combine all of them in chunk order
+        __threadfence();
+        float gm = -INFINITY;
+        for (int k = 0; k < nch; ++k) {
+            if (mk_ldcg(part + (size_t) k*PS + 1) > 0.0f) {
+                gm = fmaxf(gm, mk_ldcg(part + (size_t) k*PS));
+            }
+        }
+        float gl = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NP; ++i) {
+            a0[i] = 0.0f;
+            a1[i] = 0.0f;
+        }
+        for (int k = 0; k < nch; ++k) {
+            const float * Pk = part + (size_t) k*PS;
+            const float lk = mk_ldcg(Pk + 1);
+            if (!(lk > 0.0f)) {
+                continue;
+            }
+            const float w = expf(mk_ldcg(Pk) - gm);
+            gl = fmaf(lk, w, gl);
+#pragma unroll
+            for (int i = 0; i < NP; ++i) {
+                if (i < np) {
+                    a0[i] = fmaf(w, mk_ldcg(Pk + 4 + 2*lane + 64*i),     a0[i]);
+                    a1[i] = fmaf(w, mk_ldcg(Pk + 4 + 2*lane + 64*i + 1), a1[i]);
+                }
+            }
+        }
+        float * out = a.att + (size_t) m*a.m->max_q + h*hd;
+        const float inv = gl > 0.0f ? 1.0f/gl : 0.0f;
+#pragma unroll
+        for (int i = 0; i < NP; ++i) {
+            if (i < np) {
+                out[2*lane + 64*i]     = a0[i]*inv;
+                out[2*lane + 64*i + 1] = a1[i]*inv;
+            }
+        }
+        if (lane == 0) {
+            atomicExch(a.att_cnt + mh, 0u);
         }
     }
 }
@@ -429,113 +809,143 @@ MK_DEVICE_FN void mk_pl_inputs(const mk_args & a, int M) {
 // ---------------------------------------------------------------------------------------------
 
 MK_KERNEL mk_decode_kernel(const mk_args a) {
-    MK_SHARED(float, rs, MK_M);
-    MK_SHARED(float, wsm, MK_WARPS*GGML_MK_MAX_HEAD_DIM);
+    MK_SHARED(float, rs, 2*MK_M);
+    MK_SHARED_DYN(float4, smem);
+    float   * xs = (float *) smem;                       // staged mat-vec inputs; the heads' scratch
+    uint8_t * ws = (uint8_t *) smem + MK_XS_BYTES;       // weight stages
 
     const ggml_mk_model & md = *a.m;
     const int M = a.st->n_tokens;
     const int n = md.n_embd;
+    const float eps = md.norm_eps;
+    float * xc = a.xb[0];   // the residual stream now
+    float * xn = a.xb[1];   // where the next residual step writes it
 
     // x = token embedding * sqrt(n_embd)
     {
         const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
         for (int i = tid; i < M*n; i += gridDim.x*MK_THREADS) {
-            a.x[i] = a.embd[i]*md.embd_scale;
+            xc[i] = a.embd[i]*md.embd_scale;
         }
+    }
+
+    // the mat-vecs of one layer (and the first of the next), begun before the barrier that precedes them
+    auto mv_qkv = [&](int il) {
+        const ggml_mk_layer & L = md.layers[il];
+        mk_mv mv = {};
+        mv.jobs[mv.n_jobs++] = { L.wq, a.q, md.max_q, 0.0f };
+        if (L.has_kv) {
+            mv.jobs[mv.n_jobs++] = { L.wk, a.k, md.max_kv, 0.0f };
+            if (!L.v_from_k) {
+                mv.jobs[mv.n_jobs++] = { L.wv, a.v, md.max_kv, 0.0f };
+            }
+        }
+        return mv;
+    };
+    auto mv_one = [&](const ggml_mk_weight & w, float * y, int ldy, float softcap) {
+        mk_mv mv = {};
+        mv.jobs[0] = { w, y, ldy, softcap };
+        mv.n_jobs = 1;
+        return mv;
+    };
+    const bool ple = md.n_embd_pl > 0;
+
+    if (ple) {
+        mk_mv_begin(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), ws);
+        mk_grid_sync(a);
+        mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
+        mk_mv_run(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), xi, M, eps, xs, ws, rs);
+        mk_mv_begin(mv_qkv(0), ws);
+        mk_grid_sync(a);
+        mk_pl_inputs(a, M);
+    } else {
+        mk_mv_begin(mv_qkv(0), ws);
     }
     mk_grid_sync(a);
 
-    if (md.n_embd_pl > 0) {
-        mk_job j = { md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f };
-        mk_xin xi = { MK_X_PLAIN, a.x, n, nullptr, 0, nullptr };
-        mk_matvec(&j, 1, xi, rs, M);
-        mk_grid_sync(a);
-        mk_pl_inputs(a, M);
-        mk_grid_sync(a);
-    }
+    // the residual step still to apply: x = (x + h*rms(h)*res_nw)*res_scale, done by the next staging
+    const float * res_nw = nullptr;
+    float res_scale = 1.0f;
+    auto xin_res = [&](const float * nw) {
+        mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, res_nw ? a.h : nullptr, res_nw, res_scale, xn, nw };
+        return xi;
+    };
+    auto res_applied = [&]() {
+        if (res_nw) {
+            float * t = xc; xc = xn; xn = t;
+            res_nw = nullptr;
+        }
+    };
 
     for (int il = 0; il < md.n_layer; ++il) {
         const ggml_mk_layer & L = md.layers[il];
 
-        // Q, K, V projections of rmsnorm(x) * attn_norm
-        {
-            mk_rms_prologue(a.x, n, n, M, md.norm_eps, rs);
-            mk_job jobs[3];
-            int nj = 0;
-            jobs[nj++] = { L.wq, a.q, md.max_q, 0.0f };
-            if (L.has_kv) {
-                jobs[nj++] = { L.wk, a.k, md.max_kv, 0.0f };
-                if (!L.v_from_k) {
-                    jobs[nj++] = { L.wv, a.v, md.max_kv, 0.0f };
-                }
-            }
-            mk_xin xi = { MK_X_NORM, a.x, n, nullptr, 0, L.attn_norm };
-            mk_matvec(jobs, nj, xi, rs, M);
-        }
+        // Q, K, V of rmsnorm(x) * attn_norm
+        mk_mv_run(mv_qkv(il), xin_res(L.attn_norm), M, eps, xs, ws, rs);
+        res_applied();
+        mk_mv_begin(mv_one(L.wo, a.h, n, 0.0f), ws);
         mk_grid_sync(a);
 
-        mk_heads(a, il, M, wsm);
+        mk_heads(a, il, M, xs);
         mk_grid_sync(a);
 
-        mk_attention(a, il, M);
-        mk_grid_sync(a);
-
-        {
-            mk_job j = { L.wo, a.h, n, 0.0f };
-            mk_xin xi = { MK_X_PLAIN, a.att, md.max_q, nullptr, 0, nullptr };
-            mk_matvec(&j, 1, xi, rs, M);
-        }
-        mk_grid_sync(a);
-
-        mk_residual(a, L.attn_post_norm, 1.0f, M, rs);
-        mk_grid_sync(a);
-
-        {
-            mk_rms_prologue(a.x, n, n, M, md.norm_eps, rs);
-            mk_job jobs[2] = {
-                { L.ffn_gate, a.g, md.max_ff, 0.0f },
-                { L.ffn_up,   a.u, md.max_ff, 0.0f },
-            };
-            mk_xin xi = { MK_X_NORM, a.x, n, nullptr, 0, L.ffn_norm };
-            mk_matvec(jobs, 2, xi, rs, M);
+        if (L.head_dim <= 256) {
+            mk_attention<4>(a, il, M);
+        } else {
+            mk_attention<GGML_MK_MAX_HEAD_DIM/64>(a, il, M);
         }
         mk_grid_sync(a);
 
         {
-            mk_job j = { L.ffn_down, a.h, n, 0.0f };
-            mk_xin xi = { MK_X_GEGLU, a.g, md.max_ff, a.u, md.max_ff, nullptr };
-            mk_matvec(&j, 1, xi, rs, M);
+            mk_xin xi = { MK_X_PLAIN, a.att, md.max_q, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
+            mk_mv_run(mv_one(L.wo, a.h, n, 0.0f), xi, M, eps, xs, ws, rs);
         }
+        mk_mv ffn = {};
+        ffn.jobs[0] = { L.ffn_gate, a.g, md.max_ff, 0.0f };
+        ffn.jobs[1] = { L.ffn_up,   a.g, md.max_ff, 0.0f };
+        ffn.n_jobs  = 2;
+        ffn.pair    = 1;
+        mk_mv_begin(ffn, ws);
+        mk_grid_sync(a);
+        res_nw = L.attn_post_norm;
+        res_scale = 1.0f;
+
+        // gelu(gate) * up of rmsnorm(x) * ffn_norm, after the attention residual
+        mk_mv_run(ffn, xin_res(L.ffn_norm), M, eps, xs, ws, rs);
+        res_applied();
+        mk_mv_begin(mv_one(L.ffn_down, a.h, n, 0.0f), ws);
         mk_grid_sync(a);
 
-        const bool ple = md.n_embd_pl > 0;
-        mk_residual(a, L.ffn_post_norm, ple ? 1.0f : L.out_scale, M, rs);
-        mk_grid_sync(a);
+        {
+            mk_xin xi = { MK_X_PLAIN, a.g, md.max_ff, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
+            mk_mv_run(mv_one(L.ffn_down, a.h, n, 0.0f), xi, M, eps, xs, ws, rs);
+        }
+        res_nw = L.ffn_post_norm;
+        res_scale = ple ? 1.0f : L.out_scale;
 
         if (ple) {
-            {
-                mk_job j = { L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f };
-                mk_xin xi = { MK_X_PLAIN, a.x, n, nullptr, 0, nullptr };
-                mk_matvec(&j, 1, xi, rs, M);
-            }
+            mk_mv_begin(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), ws);
+            mk_grid_sync(a);
+            mk_mv_run(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), xin_res(nullptr), M, eps, xs, ws, rs);
+            res_applied();
+            mk_mv_begin(mv_one(L.pl_proj, a.h, n, 0.0f), ws);
             mk_grid_sync(a);
             {
-                mk_job j = { L.pl_proj, a.h, n, 0.0f };
-                mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all, nullptr };
-                mk_matvec(&j, 1, xi, rs, M);
+                mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
+                              nullptr, nullptr, 1.0f, nullptr, nullptr };
+                mk_mv_run(mv_one(L.pl_proj, a.h, n, 0.0f), xi, M, eps, xs, ws, rs);
             }
-            mk_grid_sync(a);
-            mk_residual(a, L.pl_post_norm, L.out_scale, M, rs);
-            mk_grid_sync(a);
+            res_nw = L.pl_post_norm;
+            res_scale = L.out_scale;
         }
+        if (il + 1 < md.n_layer) {
+            mk_mv_begin(mv_qkv(il + 1), ws);
+        } else {
+            mk_mv_begin(mv_one(md.output, a.logits, md.n_vocab, md.softcap), ws);
+        }
+        mk_grid_sync(a);
     }
 
-    // LM head of rmsnorm(x) * output_norm, final softcap
-    {
-        mk_rms_prologue(a.x, n, n, M, md.norm_eps, rs);
-        mk_job j = { md.output, a.logits, md.n_vocab, md.softcap };
-        mk_xin xi = { MK_X_NORM, a.x, n, nullptr, 0, md.output_norm };
-        mk_matvec(&j, 1, xi, rs, M);
-    }
+    // LM head of rmsnorm(x) * output_norm after the last residual, final softcap
+    mk_mv_run(mv_one(md.output, a.logits, md.n_vocab, md.softcap), xin_res(md.output_norm), M, eps, xs, ws, rs);
 }
-

@@ -46,6 +46,24 @@ static __device__ __forceinline__ unsigned short mk_ldcg(const unsigned short * 
 static __device__ __forceinline__ float          mk_ldcg(const float * p)          { return __ldcg(p); }
 static __device__ __forceinline__ unsigned short mk_ldcg(const unsigned short * p) { return __ldcg(p); }
 #endif
+static __device__ __forceinline__ unsigned mk_ldcg_u32(const unsigned * p) {
+    unsigned v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// weights into shared memory without a register round trip (sm_80+), cached in L2 only
+static __device__ __forceinline__ void mk_cp_async16(void * dst, const void * src) {
+    const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void mk_cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+static __device__ __forceinline__ void mk_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
 
 #include "mk-kernel.cuh"
 
@@ -60,6 +78,7 @@ struct mk_cuda {
     int n_embd  = 0;
     int n_pl_all = 0;
     int grid = 0;
+    int n_ctx = 0;
 
     // scratch
     float * scratch = nullptr;
@@ -102,8 +121,40 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     ggml_cuda_set_device(mk->device);
 
     const ggml_cuda_device_info::cuda_device_info & info = ggml_cuda_info().devices[mk->device];
-    if (info.cc < 700) {
-        snprintf(err, err_size, "compute capability %d (7.0 or newer needed)", info.cc);
+    if (info.cc < 800) {
+        snprintf(err, err_size, "compute capability %d (8.0 or newer needed: asynchronous copies)", info.cc);
+        delete mk;
+        return nullptr;
+    }
+    // shapes the kernel assumes (checked once here, not in the kernel)
+    {
+        std::vector<const ggml_mk_weight *> ws = { &model->output };
+        if (model->n_embd_pl > 0) {
+            ws.push_back(&model->pl_model_proj);
+        }
+        for (int il = 0; il < model->n_layer; ++il) {
+            const ggml_mk_layer & L = model->layers[il];
+            if (L.head_dim % 64 != 0 || L.head_dim > GGML_MK_MAX_HEAD_DIM) {
+                snprintf(err, err_size, "layer %d: head_dim %d (a multiple of 64 up to %d needed)", il, L.head_dim, GGML_MK_MAX_HEAD_DIM);
+                delete mk;
+                return nullptr;
+            }
+            for (const ggml_mk_weight * w : { &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.pl_gate, &L.pl_proj }) {
+                if (w->data) {
+                    ws.push_back(w);
+                }
+            }
+        }
+        for (const ggml_mk_weight * w : ws) {
+            if (w->ne0 % 32 != 0 || w->ne0 > MK_XS_CAP) {
+                snprintf(err, err_size, "a weight with rows of %d values (a multiple of 32 up to %d needed)", w->ne0, MK_XS_CAP);
+                delete mk;
+                return nullptr;
+            }
+        }
+    }
+    if (model->att_chunk < 4 || model->att_chunk % 4 != 0) {
+        snprintf(err, err_size, "attention chunk %d (a multiple of 4 needed)", model->att_chunk);
         delete mk;
         return nullptr;
     }
@@ -115,14 +166,14 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         return nullptr;
     }
     int per_sm = 0;
-    MK_TRY(cudaFuncSetAttribute(mk_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) MK_XS_BYTES), "shared memory limit");
-    MK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk_decode_kernel, MK_THREADS, MK_XS_BYTES), "occupancy");
+    MK_TRY(cudaFuncSetAttribute(mk_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) MK_SMEM_BYTES), "shared memory limit");
+    MK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk_decode_kernel, MK_THREADS, MK_SMEM_BYTES), "occupancy");
     if (per_sm < 1) {
         snprintf(err, err_size, "the kernel does not fit on a multiprocessor");
         ggml_cuda_mk_free(mk);
         return nullptr;
     }
-    int blocks_per_sm = 2;
+    int blocks_per_sm = 1;
     if (const char * e = getenv("LLAMA_MEGAKERNEL_BLOCKS_PER_SM")) {
         blocks_per_sm = atoi(e);
     }
@@ -135,27 +186,39 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
 
     // scratch
     const size_t M = MK_M;
+    int max_head = 1;
+    for (int il = 0; il < model->n_layer; ++il) {
+        max_head = std::max(max_head, model->layers[il].n_head);
+    }
+    const int n_chunk = (model->n_ctx + model->att_chunk - 1)/model->att_chunk + 1;
     const size_t widths[] = {
-        (size_t) model->n_embd, (size_t) model->max_q, (size_t) model->max_kv, (size_t) model->max_kv,
-        (size_t) model->max_q, (size_t) model->n_embd, (size_t) model->max_ff, (size_t) model->max_ff,
+        (size_t) model->n_embd, (size_t) model->n_embd, (size_t) model->max_q, (size_t) model->max_kv,
+        (size_t) model->max_kv, (size_t) model->max_q, (size_t) model->n_embd, (size_t) model->max_ff,
         (size_t) std::max(mk->n_pl_all, 1), (size_t) std::max(model->n_embd_pl, 1), (size_t) model->n_vocab,
+        (size_t) max_head*n_chunk*(4 + model->max_head_dim),
     };
     size_t total = 0;
     for (size_t w : widths) {
         total += mk_align(M*w*sizeof(float));
     }
+    total += mk_align(M*max_head*sizeof(unsigned)); // attention chunk counters
     total += 256; // barrier
     MK_TRY(cudaMalloc(&mk->scratch, total), "scratch allocation");
     MK_TRY(cudaMemset(mk->scratch, 0, total), "scratch clear");
     float ** dst[] = {
-        &mk->args.x, &mk->args.q, &mk->args.k, &mk->args.v, &mk->args.att, &mk->args.h, &mk->args.g, &mk->args.u,
-        &mk->args.pl_in, &mk->args.pl_g, &mk->args.logits,
+        &mk->args.xb[0], &mk->args.xb[1], &mk->args.q, &mk->args.k, &mk->args.v, &mk->args.att, &mk->args.h,
+        &mk->args.g, &mk->args.pl_in, &mk->args.pl_g, &mk->args.logits, &mk->args.att_part,
     };
     char * p = (char *) mk->scratch;
     for (size_t i = 0; i < sizeof(widths)/sizeof(widths[0]); ++i) {
         *dst[i] = (float *) p;
         p += mk_align(M*widths[i]*sizeof(float));
     }
+    mk->args.att_cnt  = (unsigned *) p;
+    p += mk_align(M*max_head*sizeof(unsigned));
+    mk->args.max_head = max_head;
+    mk->args.n_chunk  = n_chunk;
+    mk->n_ctx = model->n_ctx;
     mk->args.bar = (unsigned *) p;
     mk->args.m = mk->d_model;
     mk->args.n_pl_all = mk->n_pl_all;
@@ -188,6 +251,10 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     const int M = step->n_tokens;
     if (M < 1 || M > MK_M) {
         return 1;
+    }
+    if (step->n_kv[0] > mk->n_ctx || step->n_kv[1] > mk->n_ctx) {
+        fprintf(stderr, "%s: n_kv %d/%d exceeds the context (%d cells)\n", __func__, step->n_kv[0], step->n_kv[1], mk->n_ctx);
+        return 7;
     }
     ggml_cuda_set_device(mk->device);
 
@@ -246,7 +313,7 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         return 3;
     }
     void * kargs[] = { (void *) &a };
-    cudaError_t e = cudaLaunchCooperativeKernel((const void *) mk_decode_kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, MK_XS_BYTES, mk->stream);
+    cudaError_t e = cudaLaunchCooperativeKernel((const void *) mk_decode_kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, MK_SMEM_BYTES, mk->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
         return 4;

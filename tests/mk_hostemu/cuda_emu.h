@@ -87,6 +87,16 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     __syncwarp();
     return r;
 }
+inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
+    const int w = threadIdx.x / WARP_SIZE, l = threadIdx.x % WARP_SIZE;
+    float f; memcpy(&f, &v, 4);
+    emu_cur->slot[w*WARP_SIZE + l] = f;
+    __syncwarp();
+    float r = emu_cur->slot[w*WARP_SIZE + src];
+    __syncwarp();
+    unsigned u; memcpy(&u, &r, 4);
+    return u;
+}
 inline unsigned atomicAdd(unsigned * p, unsigned v) { ++emu_progress; unsigned o = *p; *p = o + v; return o; }
 inline unsigned atomicExch(unsigned * p, unsigned v) { ++emu_progress; unsigned o = *p; *p = v; return o; }
 inline void __threadfence() {}
@@ -94,8 +104,10 @@ inline void __nanosleep(unsigned) { emu_yield(); }
 inline float __fmul_rn(float a, float b) { return a*b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 using std::min;
+using std::max;
 
 struct half { uint16_t bits; };
+struct float4 { float x, y, z, w; };
 inline half  __float2half(float f) { ggml_fp16_t h = ggml_fp32_to_fp16(f); half r; memcpy(&r.bits, &h, 2); return r; }
 inline float __half2float(half h) { ggml_fp16_t x; memcpy(&x, &h.bits, 2); return ggml_fp16_to_fp32(x); }
 inline half  __ushort_as_half(unsigned short u) { half r; r.bits = u; return r; }
@@ -119,6 +131,11 @@ inline void * emu_shared(int id, size_t bytes) {
 static inline float mk_f16(uint16_t u) { half h; h.bits = u; return __half2float(h); }
 static inline float          mk_ldcg(const float * p)          { return *(const volatile float *) p; }
 static inline unsigned short mk_ldcg(const unsigned short * p) { return *(const volatile unsigned short *) p; }
+static inline unsigned       mk_ldcg_u32(const unsigned * p)       { return *(const volatile unsigned *) p; }
+// asynchronous copies done at once (the emulation checks indexing, not the copy pipeline's timing)
+static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }
+static inline void mk_cp_async_commit() {}
+template <int N> static inline void mk_cp_async_wait() {}
 
 // run kernel(args) on n_blocks blocks of n_threads threads, all co-resident; false on a deadlock
 inline void (*emu_entry_fn)(const void *);

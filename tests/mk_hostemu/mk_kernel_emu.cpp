@@ -83,7 +83,7 @@ static void rope(vd & v, int n_rot, int pos, double base, const float * ff) {
 
 int main(int argc, char ** argv) {
     const bool planted = argc > 1 && std::string(argv[1]) == "--planted";
-    const int n_embd = 256, n_vocab = 300, n_pl = 16, n_layer = 3, kv_size = 32, W = 6;
+    const int n_embd = 256, n_vocab = 300, n_pl = 32, n_layer = 3, kv_size = 32, W = 6;
     const double eps = 1e-6, softcap = 30.0;
 
     auto mdl = std::make_unique<ggml_mk_model>();
@@ -93,6 +93,7 @@ int main(int argc, char ** argv) {
     M_.n_vocab = n_vocab; M_.n_embd_pl = n_pl; M_.kv_type = GGML_TYPE_F16; M_.norm_eps = (float) eps;
     M_.embd_scale = sqrtf((float) n_embd); M_.softcap = (float) softcap; M_.attn_factor = 1.0f; M_.kq_scale = 1.0f;
     M_.debug_flags = planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0;
+    M_.n_ctx = kv_size; M_.att_chunk = 4;   // 8 chunks: the split attention and its combine at work
 
     struct layer_def { bool swa; int hd; bool has_kv; ggml_type t[9]; float out_scale; };
     const layer_def defs[n_layer] = {
@@ -153,8 +154,11 @@ int main(int argc, char ** argv) {
     { std::normal_distribution<float> nd(0, 1); for (auto & x : E) x = nd(rng); for (auto & x : PE) x = nd(rng); }
 
     // scratch for the emulated kernel
-    std::vector<float> s_x(MK_M*n_embd), s_q(MK_M*M_.max_q), s_k(MK_M*M_.max_kv), s_v(MK_M*M_.max_kv), s_att(MK_M*M_.max_q),
-        s_h(MK_M*n_embd), s_g(MK_M*n_ff), s_u(MK_M*n_ff), s_pl(MK_M*n_pl*n_layer), s_plg(MK_M*n_pl), s_lo(MK_M*n_vocab);
+    const int n_chunk = kv_size/M_.att_chunk + 1;
+    std::vector<float> s_part((size_t) MK_M*n_head*n_chunk*(4 + M_.max_head_dim));
+    std::vector<unsigned> s_cnt(MK_M*n_head, 0u);
+    std::vector<float> s_x(MK_M*n_embd), s_x1(MK_M*n_embd), s_q(MK_M*M_.max_q), s_k(MK_M*M_.max_kv), s_v(MK_M*M_.max_kv), s_att(MK_M*M_.max_q),
+        s_h(MK_M*n_embd), s_g(MK_M*n_ff), s_pl(MK_M*n_pl*n_layer), s_plg(MK_M*n_pl), s_lo(MK_M*n_vocab);
     unsigned bar[2] = {0, 0};
     std::vector<float> mask0, mask1;
 
@@ -175,10 +179,11 @@ int main(int argc, char ** argv) {
         mk_args a = {};
         a.m = &M_; a.st = &ds; a.mask[0] = mask0.data(); a.mask[1] = mask1.data();
         a.embd = &E[(size_t) p0*n_embd]; a.pl_embd = &PE[(size_t) p0*n_pl*n_layer];
-        a.x = s_x.data(); a.q = s_q.data(); a.k = s_k.data(); a.v = s_v.data(); a.att = s_att.data(); a.h = s_h.data();
-        a.g = s_g.data(); a.u = s_u.data(); a.pl_in = s_pl.data(); a.pl_g = s_plg.data(); a.logits = s_lo.data();
+        a.xb[0] = s_x.data(); a.xb[1] = s_x1.data(); a.att_part = s_part.data(); a.att_cnt = s_cnt.data();
+        a.max_head = n_head; a.n_chunk = n_chunk; a.q = s_q.data(); a.k = s_k.data(); a.v = s_v.data(); a.att = s_att.data(); a.h = s_h.data();
+        a.g = s_g.data(); a.pl_in = s_pl.data(); a.pl_g = s_plg.data(); a.logits = s_lo.data();
         a.bar = bar; a.n_pl_all = n_pl*n_layer;
-        if (!emu_launch(mk_decode_kernel, a, 2, MK_THREADS, MK_XS_BYTES, "mk_decode_kernel")) {
+        if (!emu_launch(mk_decode_kernel, a, 2, MK_THREADS, MK_SMEM_BYTES, "mk_decode_kernel")) {
             printf("FAIL deadlock in mk_decode_kernel\n");
             exit(1);
         }
