@@ -6,7 +6,7 @@
 #            --tokenizer-only .dev/mk/tokenizer.gguf   # (once) the tokenizer the models need
 # There: run(command="bash megakernel/device.sh STAGES", carry=[".dev"])
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
-#   bench, sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
+#   bench, profile (per-phase times inside the launch), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), sanitize. Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
@@ -124,6 +124,14 @@ stage_bench() {
     done
 }
 
+stage_profile() {
+    for m in ${MK_MODELS:-small}; do
+        log "per-phase profile on $m (LLAMA_MEGAKERNEL_PROFILE=1)"
+        LLAMA_MEGAKERNEL_PROFILE=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 48 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 \
+            | tee -a "$OUT/profile.log" | grep -E "llama_mk profile" | tail -16
+    done
+}
+
 stage_sweep() {
     for m in ${MK_MODELS:-small}; do
         for b in 1 2 3; do
@@ -140,7 +148,7 @@ stage_ncu() {
     log "ncu: one megakernel decode launch on $m"
     LLAMA_MEGAKERNEL=1 ncu --clock-control none -k regex:mk_decode_kernel --launch-skip 20 --launch-count 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        --section LaunchStats --section SchedulerStats \
+        --section LaunchStats --section SchedulerStats --section SourceCounters \
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 \
         | grep -v "^==PROF==" | tee "$OUT/ncu.log" | grep -E "Duration|Throughput|Stall|Warp Cycles|Registers|Achieved|Issued" | head -40
 }

@@ -30,7 +30,10 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 #ifndef MK_XS_CAP
 #define MK_XS_CAP      20480   // (the host emulation test builds with a small cap: the multi-pass path)
 #endif
-#define MK_XS_BYTES    (MK_XS_CAP/32*36*sizeof(float))
+// (the same memory is the heads phase's per-warp scratch: at least MK_WARPS head vectors)
+#define MK_XS_BYTES_CAP (MK_XS_CAP/32*36*sizeof(float))
+#define MK_HEADS_BYTES  (MK_WARPS*GGML_MK_MAX_HEAD_DIM*sizeof(float))
+#define MK_XS_BYTES     (MK_XS_BYTES_CAP > MK_HEADS_BYTES ? MK_XS_BYTES_CAP : MK_HEADS_BYTES)
 #define MK_SMEM_BYTES  (MK_XS_BYTES + MK_WS_BYTES)
 
 // the per-step data on the device (uploaded with the masks and embedding rows in one copy)
@@ -63,6 +66,7 @@ struct mk_args {
     float * att_part;    // attention chunks: [MK_M][max_head][n_chunk][4 + max_head_dim] (max, sum, -, -, acc)
     unsigned * att_cnt;  // [MK_M][max_head] chunks done (the last one combines and resets it)
     unsigned * bar;      // grid barrier: [0] arrivals, [1] generation
+    unsigned long long * prof;  // NULL, or phase timestamps: [0] count, then (tag, globaltimer ns) pairs
     int n_pl_all;
     int max_head;
     int n_chunk;
@@ -71,7 +75,21 @@ struct mk_args {
 // ---------------------------------------------------------------------------------------------
 // grid barrier: arrive + spin on a generation counter, fences on both sides
 
-MK_DEVICE void mk_grid_sync(const mk_args & a) {
+// phases, for the optional profile (LLAMA_MEGAKERNEL_PROFILE=1): the tag names the phase that ends
+enum mk_phase {
+    MK_PH_START = 0, MK_PH_EMBD, MK_PH_PL_PROJ, MK_PH_PL_IN, MK_PH_QKV, MK_PH_HEADS, MK_PH_ATTN, MK_PH_WO,
+    MK_PH_FFN, MK_PH_DOWN, MK_PH_PL_GATE, MK_PH_PL_LAYER, MK_PH_LM_HEAD, MK_PH_COUNT,
+};
+
+MK_DEVICE void mk_prof(const mk_args & a, int tag) {
+    if (a.prof && blockIdx.x == 0 && threadIdx.x == 0) {
+        const unsigned long long i = a.prof[0]++;
+        a.prof[1 + 2*i] = (unsigned long long) tag;
+        a.prof[2 + 2*i] = mk_clock_ns();
+    }
+}
+
+MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
     __syncthreads();
     if (a.m->debug_flags & GGML_MK_DEBUG_NO_GRID_BARRIER) {
         return; // planted bug for the tests: phases race
@@ -91,6 +109,7 @@ MK_DEVICE void mk_grid_sync(const mk_args & a) {
         }
         __threadfence();
     }
+    mk_prof(a, tag);
     __syncthreads();
 }
 
@@ -224,7 +243,7 @@ MK_DEVICE mk_tile mk_tile_at(const mk_mv & mv, const mk_tiling * tl, const mk_it
     const int v0 = it.seg*T.sgps*256;
     const int v1 = min(w.ne0, v0 + T.sgps*256);
     t.g0 = v0/32;
-    t.ng = (v1 - v0)/32;
+    t.ng = (v1 - v0 + 31)/32;
     const int64_t b0 = ((int64_t) v0*T.b256)/256;
     const int64_t b1 = ((int64_t) v1*T.b256)/256;
     t.src    = (const uint8_t *) w.data + (size_t) t.row*w.nb1 + b0;
@@ -300,39 +319,59 @@ MK_DEVICE_FN void mk_mv_begin(const mk_mv & mv, uint8_t * ws) {
     }
 }
 
-// rs[m] = 1/sqrt(mean(a[m]^2) + eps) for m < M, one warp per column (a: global, written in this launch)
-MK_DEVICE_FN void mk_rms_global(const float * a, int lda, int n, int M, float eps, float * rs) {
+// staged inputs: [m][KG groups of 36 floats], KG = ceil(K/32); values past K are zero
+MK_DEVICE int mk_kg(int K) {
+    return (K + 31)/32;
+}
+
+MK_DEVICE int mk_xs_at(int KG, int m, int k) {
+    return m*KG*36 + (k/32)*36 + k%32;
+}
+
+// rs[m] = 1/sqrt(mean(v(m, k)^2) + eps) for m < Mc, v = global (h, written in this launch) or the staged
+// xs; the whole block sums, in a fixed order (thread-strided partials, warp butterflies, the warps' sums
+// in warp order), so every column gets the same bits for any Mc
+MK_DEVICE_FN void mk_col_rms(const float * g, int ldg, const float * xs, int KG, int K, int Mc, float eps,
+                             float * red, float * rs) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    if (warp < M) {
+    for (int m = 0; m < Mc; ++m) {
         float ss = 0.0f;
-        for (int k = lane; k < n; k += WARP_SIZE) {
-            const float t = mk_ldcg(a + (size_t) warp*lda + k);
+        for (int k = threadIdx.x; k < K; k += MK_THREADS) {
+            const float t = g ? mk_ldcg(g + (size_t) m*ldg + k) : xs[mk_xs_at(KG, m, k)];
             ss = fmaf(t, t, ss);
         }
         ss = mk_warp_sum(ss);
         if (lane == 0) {
-            rs[warp] = 1.0f/sqrtf(ss/n + eps);
+            red[warp*MK_M + m] = ss;
         }
+    }
+    __syncthreads();
+    if ((int) threadIdx.x < Mc) {
+        float ss = 0.0f;
+        for (int w = 0; w < MK_WARPS; ++w) {
+            ss += red[w*MK_M + threadIdx.x];
+        }
+        rs[threadIdx.x] = 1.0f/sqrtf(ss/K + eps);
     }
     __syncthreads();
 }
 
-MK_DEVICE int mk_xs_at(int K, int m, int k) {
-    return m*(K/32*36) + (k/32)*36 + k%32;
-}
-
 // stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy)
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, float * rs) {
+    MK_SHARED(float, red, MK_WARPS*MK_M);
+    const int KG = mk_kg(K);
     if (x.res_h) {
-        mk_rms_global(x.res_h + (size_t) m0*x.lda, x.lda, K, Mc, eps, rs);
+        mk_col_rms(x.res_h + (size_t) m0*x.lda, x.lda, nullptr, KG, K, Mc, eps, red, rs);
     }
-    for (int i = threadIdx.x; i < Mc*K; i += MK_THREADS) {
-        const int m  = i / K;
-        const int k  = i % K;
+    for (int i = threadIdx.x; i < Mc*KG*32; i += MK_THREADS) {
+        const int m  = i / (KG*32);
+        const int k  = i % (KG*32);
         const int mm = m0 + m;
-        float v;
-        if (x.mode == MK_X_GEGLU) {
+        float v = 0.0f;
+        if (k >= K) {
+            // padding of the last group
+        } else if (x.mode == MK_X_GEGLU) {
             v = __fmul_rn(mk_gelu(mk_ldcg(x.a + (size_t) mm*x.lda + k)), mk_ldcg(x.b + (size_t) mm*x.ldb + k));
         } else {
             v = mk_ldcg(x.a + (size_t) mm*x.lda + k);
@@ -344,28 +383,15 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 }
             }
         }
-        xs[mk_xs_at(K, m, k)] = v;
+        xs[mk_xs_at(KG, m, k)] = v;
     }
     __syncthreads();
     if (x.nw) {
-        const int warp = threadIdx.x / WARP_SIZE;
-        const int lane = threadIdx.x % WARP_SIZE;
-        if (warp < Mc) {
-            float ss = 0.0f;
-            for (int k = lane; k < K; k += WARP_SIZE) {
-                const float t = xs[mk_xs_at(K, warp, k)];
-                ss = fmaf(t, t, ss);
-            }
-            ss = mk_warp_sum(ss);
-            if (lane == 0) {
-                rs[MK_M + warp] = 1.0f/sqrtf(ss/K + eps);
-            }
-        }
-        __syncthreads();
+        mk_col_rms(nullptr, 0, xs, KG, K, Mc, eps, red, rs + MK_M);
         for (int i = threadIdx.x; i < Mc*K; i += MK_THREADS) {
             const int m = i / K;
             const int k = i % K;
-            float & t = xs[mk_xs_at(K, m, k)];
+            float & t = xs[mk_xs_at(KG, m, k)];
             t = __fmul_rn(__fmul_rn(t, rs[MK_M + m]), x.nw[k]);
         }
         __syncthreads();
@@ -381,7 +407,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
     const int lane    = threadIdx.x % WARP_SIZE;
     const int warp0   = blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
     const int nwarps  = gridDim.x*MK_WARPS;
-    const int Mcap    = max(1, min(M, MK_XS_CAP / K));
+    const int KG      = mk_kg(K);
+    const int Mcap    = max(1, min(M, MK_XS_CAP / (KG*32)));
 
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
@@ -413,13 +440,13 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
             const mk_job & jb = mv.jobs[t.job];
             const uint8_t * base = mk_stage_buf(ws, it.t) + ((uintptr_t) t.src & 15);
             for (int i = lane; i < t.ng; i += WARP_SIZE) {
-                float w[32];
-                mk_deq32(base, jb.w.type, i, 32, w);
                 const int g = t.g0 + i;
+                float w[32];
+                mk_deq32(base, jb.w.type, i, min(32, K - 32*g), w);
 #pragma unroll
                 for (int m = 0; m < MK_M; ++m) {
                     if (m < Mc) {
-                        const float4 * xp = (const float4 *) (xs + m*(K/32*36) + g*36);
+                        const float4 * xp = (const float4 *) (xs + m*KG*36 + g*36);
 #pragma unroll
                         for (int q = 0; q < 8; ++q) {
                             const float4 xv = xp[q];
@@ -820,6 +847,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
     const float eps = md.norm_eps;
     float * xc = a.xb[0];   // the residual stream now
     float * xn = a.xb[1];   // where the next residual step writes it
+    mk_prof(a, MK_PH_START);
 
     // x = token embedding * sqrt(n_embd)
     {
@@ -852,16 +880,16 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
 
     if (ple) {
         mk_mv_begin(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), ws);
-        mk_grid_sync(a);
+        mk_grid_sync(a, MK_PH_EMBD);
         mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
         mk_mv_run(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), xi, M, eps, xs, ws, rs);
         mk_mv_begin(mv_qkv(0), ws);
-        mk_grid_sync(a);
+        mk_grid_sync(a, MK_PH_PL_PROJ);
         mk_pl_inputs(a, M);
     } else {
         mk_mv_begin(mv_qkv(0), ws);
     }
-    mk_grid_sync(a);
+    mk_grid_sync(a, ple ? MK_PH_PL_IN : MK_PH_EMBD);
 
     // the residual step still to apply: x = (x + h*rms(h)*res_nw)*res_scale, done by the next staging
     const float * res_nw = nullptr;
@@ -884,17 +912,17 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         mk_mv_run(mv_qkv(il), xin_res(L.attn_norm), M, eps, xs, ws, rs);
         res_applied();
         mk_mv_begin(mv_one(L.wo, a.h, n, 0.0f), ws);
-        mk_grid_sync(a);
+        mk_grid_sync(a, MK_PH_QKV);
 
         mk_heads(a, il, M, xs);
-        mk_grid_sync(a);
+        mk_grid_sync(a, MK_PH_HEADS);
 
         if (L.head_dim <= 256) {
             mk_attention<4>(a, il, M);
         } else {
             mk_attention<GGML_MK_MAX_HEAD_DIM/64>(a, il, M);
         }
-        mk_grid_sync(a);
+        mk_grid_sync(a, MK_PH_ATTN);
 
         {
             mk_xin xi = { MK_X_PLAIN, a.att, md.max_q, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
@@ -906,7 +934,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         ffn.n_jobs  = 2;
         ffn.pair    = 1;
         mk_mv_begin(ffn, ws);
-        mk_grid_sync(a);
+        mk_grid_sync(a, MK_PH_WO);
         res_nw = L.attn_post_norm;
         res_scale = 1.0f;
 
@@ -914,7 +942,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         mk_mv_run(ffn, xin_res(L.ffn_norm), M, eps, xs, ws, rs);
         res_applied();
         mk_mv_begin(mv_one(L.ffn_down, a.h, n, 0.0f), ws);
-        mk_grid_sync(a);
+        mk_grid_sync(a, MK_PH_FFN);
 
         {
             mk_xin xi = { MK_X_PLAIN, a.g, md.max_ff, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
@@ -925,11 +953,11 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
 
         if (ple) {
             mk_mv_begin(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), ws);
-            mk_grid_sync(a);
+            mk_grid_sync(a, MK_PH_DOWN);
             mk_mv_run(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), xin_res(nullptr), M, eps, xs, ws, rs);
             res_applied();
             mk_mv_begin(mv_one(L.pl_proj, a.h, n, 0.0f), ws);
-            mk_grid_sync(a);
+            mk_grid_sync(a, MK_PH_PL_GATE);
             {
                 mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
                               nullptr, nullptr, 1.0f, nullptr, nullptr };
@@ -943,9 +971,12 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         } else {
             mk_mv_begin(mv_one(md.output, a.logits, md.n_vocab, md.softcap), ws);
         }
-        mk_grid_sync(a);
+        mk_grid_sync(a, ple ? MK_PH_PL_LAYER : MK_PH_DOWN);
     }
 
     // LM head of rmsnorm(x) * output_norm after the last residual, final softcap
     mk_mv_run(mv_one(md.output, a.logits, md.n_vocab, md.softcap), xin_res(md.output_norm), M, eps, xs, ws, rs);
+    if (a.prof) {
+        mk_grid_sync(a, MK_PH_LM_HEAD);
+    }
 }

@@ -65,10 +65,27 @@ static __device__ __forceinline__ void mk_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+static __device__ __forceinline__ unsigned long long mk_clock_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 #include "mk-kernel.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // host side
+
+// the kernel's type table (mk_b256), on the host: nonzero for the types the kernel decodes
+static int mk_b256_host(int type) {
+    switch (type) {
+        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K: case GGML_TYPE_STQ1_0:
+            return (int) (ggml_row_size((ggml_type) type, 256));
+        default:
+            return 0;
+    }
+}
 
 struct mk_cuda {
     int device = 0;
@@ -79,6 +96,16 @@ struct mk_cuda {
     int n_pl_all = 0;
     int grid = 0;
     int n_ctx = 0;
+
+    // LLAMA_MEGAKERNEL_PROFILE=1: per-phase times of one-token steps (block 0's view), printed at the end
+    unsigned long long * d_prof = nullptr;
+    size_t prof_cap = 0;
+    std::vector<unsigned long long> h_prof;
+    double prof_ns[MK_PH_COUNT] = {};
+    double prof_kernel_ms = 0.0;
+    double prof_step_ms = 0.0;
+    int    prof_steps = 0;
+    cudaEvent_t ev[2] = { nullptr, nullptr };
 
     // scratch
     float * scratch = nullptr;
@@ -146,8 +173,9 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
             }
         }
         for (const ggml_mk_weight * w : ws) {
-            if (w->ne0 % 32 != 0 || w->ne0 > MK_XS_CAP) {
-                snprintf(err, err_size, "a weight with rows of %d values (a multiple of 32 up to %d needed)", w->ne0, MK_XS_CAP);
+            if ((w->ne0 + 31)/32*32 > MK_XS_CAP || mk_b256_host(w->type) == 0) {
+                snprintf(err, err_size, "a weight of type %s with rows of %d values (up to %d values of F32, F16, BF16, "
+                         "Q4_0, Q5_0, Q8_0, Q4_K, Q6_K or STQ1_0 supported)", ggml_type_name((ggml_type) w->type), w->ne0, MK_XS_CAP);
                 delete mk;
                 return nullptr;
             }
@@ -216,6 +244,14 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     }
     mk->args.att_cnt  = (unsigned *) p;
     p += mk_align(M*max_head*sizeof(unsigned));
+    if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE"); e && atoi(e) != 0) {
+        mk->prof_cap = 16 + 16*(size_t) model->n_layer;
+        mk->h_prof.resize(1 + 2*mk->prof_cap);
+        MK_TRY(cudaMalloc(&mk->d_prof, mk->h_prof.size()*sizeof(unsigned long long)), "profile buffer");
+        MK_TRY(cudaEventCreate(&mk->ev[0]), "profile event");
+        MK_TRY(cudaEventCreate(&mk->ev[1]), "profile event");
+    }
+    mk->args.prof     = mk->d_prof;
     mk->args.max_head = max_head;
     mk->args.n_chunk  = n_chunk;
     mk->n_ctx = model->n_ctx;
@@ -235,6 +271,31 @@ void ggml_cuda_mk_free(void * h) {
     ggml_cuda_set_device(mk->device);
     if (mk->stream) {
         cudaStreamSynchronize(mk->stream);
+    }
+    if (mk->prof_steps > 0) {
+        static const char * names[MK_PH_COUNT] = {
+            "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
+            "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head",
+        };
+        double tot = 0.0;
+        for (int i = 0; i < MK_PH_COUNT; ++i) {
+            tot += mk->prof_ns[i];
+        }
+        fprintf(stderr, "llama_mk profile: %d one-token steps: kernel %.1f us, whole step (upload, launch, logits) %.1f us; "
+                "phases as block 0 saw them (each includes its barrier wait):\n", mk->prof_steps,
+                1e3*mk->prof_kernel_ms/mk->prof_steps, 1e3*mk->prof_step_ms/mk->prof_steps);
+        for (int i = 1; i < MK_PH_COUNT; ++i) {
+            if (mk->prof_ns[i] > 0) {
+                fprintf(stderr, "llama_mk profile:   %-24s %9.1f us  %5.1f %%\n", names[i], 1e-3*mk->prof_ns[i]/mk->prof_steps,
+                        100.0*mk->prof_ns[i]/tot);
+            }
+        }
+    }
+    cudaFree(mk->d_prof);
+    for (cudaEvent_t e : mk->ev) {
+        if (e) {
+            cudaEventDestroy(e);
+        }
     }
     cudaFree(mk->d_model);
     cudaFree(mk->scratch);
@@ -312,11 +373,21 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     if (cudaMemcpyAsync(mk->d_up, mk->h_up, off, cudaMemcpyHostToDevice, mk->stream) != cudaSuccess) {
         return 3;
     }
+    const bool prof = mk->d_prof != nullptr && M == 1;
+    a.prof = prof ? mk->d_prof : nullptr;
+    const int64_t t_step = prof ? ggml_time_us() : 0;
+    if (prof) {
+        cudaMemsetAsync(mk->d_prof, 0, sizeof(unsigned long long), mk->stream);
+        cudaEventRecord(mk->ev[0], mk->stream);
+    }
     void * kargs[] = { (void *) &a };
     cudaError_t e = cudaLaunchCooperativeKernel((const void *) mk_decode_kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, MK_SMEM_BYTES, mk->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
         return 4;
+    }
+    if (prof) {
+        cudaEventRecord(mk->ev[1], mk->stream);
     }
     for (int i = 0; i < step->n_out; ++i) {
         const int r = step->out_rows[i];
@@ -329,6 +400,21 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: kernel failed: %s\n", __func__, cudaGetErrorString(e));
         return 6;
+    }
+    if (prof) {
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, mk->ev[0], mk->ev[1]);
+        mk->prof_kernel_ms += ms;
+        mk->prof_step_ms   += 1e-3*(ggml_time_us() - t_step);
+        cudaMemcpy(mk->h_prof.data(), mk->d_prof, mk->h_prof.size()*sizeof(unsigned long long), cudaMemcpyDeviceToHost);
+        const unsigned long long n = std::min<unsigned long long>(mk->h_prof[0], mk->prof_cap);
+        for (unsigned long long i = 1; i < n; ++i) {
+            const unsigned long long tag = mk->h_prof[1 + 2*i];
+            if (tag < MK_PH_COUNT) {
+                mk->prof_ns[tag] += (double) (mk->h_prof[2 + 2*i] - mk->h_prof[2*i]);
+            }
+        }
+        mk->prof_steps++;
     }
     return 0;
 }

@@ -131,6 +131,7 @@ inline void * emu_shared(int id, size_t bytes) {
 static inline float mk_f16(uint16_t u) { half h; h.bits = u; return __half2float(h); }
 static inline float          mk_ldcg(const float * p)          { return *(const volatile float *) p; }
 static inline unsigned short mk_ldcg(const unsigned short * p) { return *(const volatile unsigned short *) p; }
+static inline unsigned long long mk_clock_ns() { return 0; }
 static inline unsigned       mk_ldcg_u32(const unsigned * p)       { return *(const volatile unsigned *) p; }
 // asynchronous copies done at once (the emulation checks indexing, not the copy pipeline's timing)
 static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }

@@ -83,7 +83,7 @@ static void rope(vd & v, int n_rot, int pos, double base, const float * ff) {
 
 int main(int argc, char ** argv) {
     const bool planted = argc > 1 && std::string(argv[1]) == "--planted";
-    const int n_embd = 256, n_vocab = 300, n_pl = 32, n_layer = 3, kv_size = 32, W = 6;
+    const int n_embd = 256, n_vocab = 300, n_pl = 16, n_layer = 3, kv_size = 32, W = 6;
     const double eps = 1e-6, softcap = 30.0;
 
     auto mdl = std::make_unique<ggml_mk_model>();
