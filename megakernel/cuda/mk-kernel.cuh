@@ -30,11 +30,16 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 #ifndef MK_XS_CAP
 #define MK_XS_CAP      20480   // (the host emulation test builds with a small cap: the multi-pass path)
 #endif
-// (the same memory is the heads phase's per-warp scratch: at least MK_WARPS head vectors)
+// (the same memory is the heads phase's scratch: at least one head vector)
 #define MK_XS_BYTES_CAP (MK_XS_CAP/32*36*sizeof(float))
-#define MK_HEADS_BYTES  (MK_WARPS*GGML_MK_MAX_HEAD_DIM*sizeof(float))
+#define MK_HEADS_BYTES  (GGML_MK_MAX_HEAD_DIM*sizeof(float))
 #define MK_XS_BYTES     (MK_XS_BYTES_CAP > MK_HEADS_BYTES ? MK_XS_BYTES_CAP : MK_HEADS_BYTES)
-#define MK_SMEM_BYTES  (MK_XS_BYTES + MK_WS_BYTES)
+// and the same inputs rounded to 8 bits per 32-value group for the integer dot products of Q4_0 and
+// Q8_0 weights (llama.cpp's q8_1 rounding: d = max|x|/127, q = round(x/d)): 48-byte records, 32 int8
+// values, d, sum of q, padding (conflict-free 16-byte reads)
+#define MK_XQ_REC      48
+#define MK_XQ_BYTES    (MK_XS_CAP/32*MK_XQ_REC)
+#define MK_SMEM_BYTES  (MK_XS_BYTES + MK_XQ_BYTES + MK_WS_BYTES)
 
 // the per-step data on the device (uploaded with the masks and embedding rows in one copy)
 struct mk_dstep {
@@ -357,33 +362,47 @@ MK_DEVICE_FN void mk_col_rms(const float * g, int ldg, const float * xs, int KG,
     __syncthreads();
 }
 
-// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy)
-MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, float * rs) {
+// one value of the staged inputs (before the norm)
+MK_DEVICE float mk_x_in(const mk_xin & x, int K, int m, int mm, int k, const float * rs) {
+    if (k >= K) {
+        return 0.0f; // padding of the last group
+    }
+    if (x.mode == MK_X_GEGLU) {
+        return __fmul_rn(mk_gelu(mk_ldcg(x.a + (size_t) mm*x.lda + k)), mk_ldcg(x.b + (size_t) mm*x.ldb + k));
+    }
+    float v = mk_ldcg(x.a + (size_t) mm*x.lda + k);
+    if (x.res_h) {
+        const float hn = __fmul_rn(__fmul_rn(mk_ldcg(x.res_h + (size_t) mm*x.lda + k), rs[m]), x.res_nw[k]);
+        v = __fmul_rn(__fadd_rn(v, hn), x.res_scale);
+        if (blockIdx.x == 0) {
+            x.res_out[(size_t) mm*x.lda + k] = v;
+        }
+    }
+    return v;
+}
+
+// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8
+MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8, float * rs) {
     MK_SHARED(float, red, MK_WARPS*MK_M);
     const int KG = mk_kg(K);
     if (x.res_h) {
         mk_col_rms(x.res_h + (size_t) m0*x.lda, x.lda, nullptr, KG, K, Mc, eps, red, rs);
     }
-    for (int i = threadIdx.x; i < Mc*KG*32; i += MK_THREADS) {
-        const int m  = i / (KG*32);
-        const int k  = i % (KG*32);
-        const int mm = m0 + m;
-        float v = 0.0f;
-        if (k >= K) {
-            // padding of the last group
-        } else if (x.mode == MK_X_GEGLU) {
-            v = __fmul_rn(mk_gelu(mk_ldcg(x.a + (size_t) mm*x.lda + k)), mk_ldcg(x.b + (size_t) mm*x.ldb + k));
-        } else {
-            v = mk_ldcg(x.a + (size_t) mm*x.lda + k);
-            if (x.res_h) {
-                const float hn = __fmul_rn(__fmul_rn(mk_ldcg(x.res_h + (size_t) mm*x.lda + k), rs[m]), x.res_nw[k]);
-                v = __fmul_rn(__fadd_rn(v, hn), x.res_scale);
-                if (blockIdx.x == 0) {
-                    x.res_out[(size_t) mm*x.lda + k] = v;
-                }
+    const int n = Mc*KG*32;
+    for (int i0 = threadIdx.x; i0 < n; i0 += 4*MK_THREADS) {
+        float v[4];
+        MK_UNROLL
+        for (int j = 0; j < 4; ++j) {   // four loads in flight per thread
+            const int i = i0 + j*MK_THREADS;
+            v[j] = i < n ? mk_x_in(x, K, i / (KG*32), m0 + i / (KG*32), i % (KG*32), rs) : 0.0f;
+        }
+        MK_UNROLL
+        for (int j = 0; j < 4; ++j) {
+            const int i = i0 + j*MK_THREADS;
+            if (i < n) {
+                xs[mk_xs_at(KG, i / (KG*32), i % (KG*32))] = v[j];
             }
         }
-        xs[mk_xs_at(KG, m, k)] = v;
     }
     __syncthreads();
     if (x.nw) {
@@ -396,12 +415,47 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         }
         __syncthreads();
     }
+    if (q8) {
+        const int warp = threadIdx.x / WARP_SIZE;
+        const int lane = threadIdx.x % WARP_SIZE;
+        for (int u = warp; u < Mc*KG; u += MK_WARPS) {
+            const float v = xs[(u / KG)*KG*36 + (u % KG)*36 + lane];
+            float amax = fabsf(v);
+            MK_UNROLL
+            for (int o = WARP_SIZE/2; o > 0; o >>= 1) {
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+            }
+            const float d = amax/127.0f;
+            const int   q = amax == 0.0f ? 0 : __float2int_rn(v/d);
+            const float sq = mk_warp_sum((float) q);   // exact: |sum| <= 32*127
+            uint8_t * rec = xq + (size_t) u*MK_XQ_REC;
+            rec[lane] = (uint8_t) (int8_t) q;
+            if (lane == 0) {
+                ((float *) (rec + 32))[0] = d;
+                ((float *) (rec + 32))[1] = sq;
+            }
+        }
+        __syncthreads();
+    }
 }
 
 // the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier)
+MK_DEVICE bool mk_is_q8dot(int type) {
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0;
+}
+
+MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned address
+    return (unsigned) *(const uint16_t *) p | ((unsigned) *(const uint16_t *) (p + 2) << 16);
+}
+
 MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws, float * rs) {
     mk_tiling tl[3];
     mk_tilings(mv, tl);
+    uint8_t * xq = (uint8_t *) xs + MK_XS_BYTES;
+    bool q8 = false;
+    for (int j = 0; j < mv.n_jobs; ++j) {
+        q8 = q8 || mk_is_q8dot(mv.jobs[j].w.type);
+    }
     const int K       = mv.jobs[0].w.ne0;
     const int n_units = mk_units(mv);
     const int lane    = threadIdx.x % WARP_SIZE;
@@ -415,7 +469,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
         if (m0 > 0) {
             mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
         }
-        mk_stage(x, K, m0, Mc, eps, xs, rs);
+        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, rs);
 
         mk_it fe = { warp0, 0, 0, 0 };   // fetch: MK_NS - 1 tiles ahead of the consumer
         for (int i = 0; i < MK_NS - 1 && fe.u < n_units; ++i) {
@@ -439,21 +493,61 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
             const mk_tile t = mk_tile_at(mv, tl, it);
             const mk_job & jb = mv.jobs[t.job];
             const uint8_t * base = mk_stage_buf(ws, it.t) + ((uintptr_t) t.src & 15);
-            for (int i = lane; i < t.ng; i += WARP_SIZE) {
-                const int g = t.g0 + i;
-                float w[32];
-                mk_deq32(base, jb.w.type, i, min(32, K - 32*g), w);
+            if (mk_is_q8dot(jb.w.type)) {
+                // integer dot products with the q8 inputs (llama.cpp's mmvq arithmetic, per 32-value block)
+                const bool is_q4 = jb.w.type == GGML_TYPE_Q4_0;
+                for (int i = lane; i < t.ng; i += WARP_SIZE) {
+                    const int g = t.g0 + i;
+                    const uint8_t * b = base + (is_q4 ? 18 : 34)*i;
+                    const float dw = mk_f16(*(const uint16_t *) b);
+                    unsigned wq[8];
+                    MK_UNROLL
+                    for (int k = 0; k < 8; ++k) {
+                        if (is_q4) {
+                            const unsigned v = mk_u32_2a(b + 2 + 4*(k % 4));
+                            wq[k] = k < 4 ? (v & 0x0F0F0F0F) : ((v >> 4) & 0x0F0F0F0F); // values 4k.. / 16+4(k-4)..
+                        } else {
+                            wq[k] = mk_u32_2a(b + 2 + 4*k);
+                        }
+                    }
 #pragma unroll
-                for (int m = 0; m < MK_M; ++m) {
-                    if (m < Mc) {
-                        const float4 * xp = (const float4 *) (xs + m*KG*36 + g*36);
+                    for (int m = 0; m < MK_M; ++m) {
+                        if (m < Mc) {
+                            const uint8_t * rec = xq + (size_t) (m*KG + g)*MK_XQ_REC;
+                            const int4   x0 = ((const int4 *) rec)[0];
+                            const int4   x1 = ((const int4 *) rec)[1];
+                            const float4 dq = ((const float4 *) rec)[2];   // d, sum of q
+                            int si = 0;
+                            si = __dp4a((int) wq[0], x0.x, si);
+                            si = __dp4a((int) wq[1], x0.y, si);
+                            si = __dp4a((int) wq[2], x0.z, si);
+                            si = __dp4a((int) wq[3], x0.w, si);
+                            si = __dp4a((int) wq[4], x1.x, si);
+                            si = __dp4a((int) wq[5], x1.y, si);
+                            si = __dp4a((int) wq[6], x1.z, si);
+                            si = __dp4a((int) wq[7], x1.w, si);
+                            const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, dq.y)) : (float) si;
+                            acc[m] = fmaf(__fmul_rn(dw, dq.x), sf, acc[m]);
+                        }
+                    }
+                }
+            } else {
+                for (int i = lane; i < t.ng; i += WARP_SIZE) {
+                    const int g = t.g0 + i;
+                    float w[32];
+                    mk_deq32(base, jb.w.type, i, min(32, K - 32*g), w);
 #pragma unroll
-                        for (int q = 0; q < 8; ++q) {
-                            const float4 xv = xp[q];
-                            acc[m] = fmaf(w[4*q + 0], xv.x, acc[m]);
-                            acc[m] = fmaf(w[4*q + 1], xv.y, acc[m]);
-                            acc[m] = fmaf(w[4*q + 2], xv.z, acc[m]);
-                            acc[m] = fmaf(w[4*q + 3], xv.w, acc[m]);
+                    for (int m = 0; m < MK_M; ++m) {
+                        if (m < Mc) {
+                            const float4 * xp = (const float4 *) (xs + m*KG*36 + g*36);
+#pragma unroll
+                            for (int q = 0; q < 8; ++q) {
+                                const float4 xv = xp[q];
+                                acc[m] = fmaf(w[4*q + 0], xv.x, acc[m]);
+                                acc[m] = fmaf(w[4*q + 1], xv.y, acc[m]);
+                                acc[m] = fmaf(w[4*q + 2], xv.z, acc[m]);
+                                acc[m] = fmaf(w[4*q + 3], xv.w, acc[m]);
+                            }
                         }
                     }
                 }
@@ -493,39 +587,22 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
 }
 
 // ---------------------------------------------------------------------------------------------
-// per-head work: Q/K/V norms, rope, KV cache writes (one warp per head vector)
+// per-head work: Q/K/V norms, rope, KV cache writes (one block per head vector, sm: block scratch)
 
-MK_DEVICE_FN void mk_rope(float * s, int n_rot, int pos, const ggml_mk_layer & L, float attn_factor) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const float theta_scale = powf(L.rope_base, -2.0f/n_rot);
-    for (int i = lane; i < n_rot/2; i += WARP_SIZE) {
-        const float theta_base = pos*powf(theta_scale, (float) i);
-        const float ff = L.rope_freqs ? L.rope_freqs[i] : 1.0f;
-        const float theta = L.rope_scale*(theta_base/ff);
-        const float c = cosf(theta)*attn_factor;
-        const float sn = sinf(theta)*attn_factor;
-        const float x0 = s[i];
-        const float x1 = s[i + n_rot/2];
-        s[i]           = x0*c - x1*sn;
-        s[i + n_rot/2] = x0*sn + x1*c;
-    }
-    __syncwarp();
-}
-
-MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * wsm) {
+MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
+    MK_SHARED(float, red, MK_WARPS);
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane   = threadIdx.x % WARP_SIZE;
-    const int warp   = blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
-    const int nwarps = gridDim.x*MK_WARPS;
+    const int warp   = threadIdx.x / WARP_SIZE;
     const int hd     = L.head_dim;
     const int n_kvh  = L.has_kv ? L.n_head_kv : 0;
     const int per_m  = L.n_head + 2*n_kvh;
     const int cache  = L.is_swa ? 1 : 0;
     const float eps  = a.m->norm_eps;
-    float * s = wsm + (threadIdx.x / WARP_SIZE)*GGML_MK_MAX_HEAD_DIM;
+    const float theta_scale = powf(L.rope_base, -2.0f/L.n_rot);
 
-    for (int u = warp; u < M*per_m; u += nwarps) {
+    for (int u = blockIdx.x; u < M*per_m; u += gridDim.x) {
         const int m  = u / per_m;
         int h        = u % per_m;
         int kind     = 0; // 0 q, 1 k, 2 v
@@ -548,32 +625,53 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * wsm) {
         const bool do_norm = kind != 2 || L.v_norm;
 
         float ss = 0.0f;
-        for (int d = lane; d < hd; d += WARP_SIZE) {
+        for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
             const float t = mk_ldcg(src + d);
-            s[d] = t;
+            sm[d] = t;
             ss = fmaf(t, t, ss);
         }
         ss = mk_warp_sum(ss);
-        const float r = 1.0f/sqrtf(ss/hd + eps);
+        if (lane == 0) {
+            red[warp] = ss;
+        }
+        __syncthreads();
+        float tot = 0.0f;
+        for (int w = 0; w < MK_WARPS; ++w) {
+            tot += red[w];
+        }
+        const float r = 1.0f/sqrtf(tot/hd + eps);
         if (do_norm) {
-            for (int d = lane; d < hd; d += WARP_SIZE) {
-                s[d] = nw ? s[d]*r*nw[d] : s[d]*r;
+            for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
+                sm[d] = nw ? sm[d]*r*nw[d] : sm[d]*r;
             }
         }
-        __syncwarp();
+        __syncthreads();
         if (kind != 2) {
-            mk_rope(s, L.n_rot, st.pos[m], L, a.m->attn_factor);
+            // NEOX rope: pairs (i, i + n_rot/2), one thread per pair
+            const int pos = st.pos[m];
+            for (int i = threadIdx.x; i < L.n_rot/2; i += MK_THREADS) {
+                const float theta_base = pos*powf(theta_scale, (float) i);
+                const float ff = L.rope_freqs ? L.rope_freqs[i] : 1.0f;
+                const float theta = L.rope_scale*(theta_base/ff);
+                const float c  = cosf(theta)*a.m->attn_factor;
+                const float sn = sinf(theta)*a.m->attn_factor;
+                const float x0 = sm[i];
+                const float x1 = sm[i + L.n_rot/2];
+                sm[i]             = x0*c - x1*sn;
+                sm[i + L.n_rot/2] = x0*sn + x1*c;
+            }
+            __syncthreads();
         }
         if (kind == 0) {
             float * dst = a.q + (size_t) m*a.m->max_q + h*hd;
-            for (int d = lane; d < hd; d += WARP_SIZE) {
-                dst[d] = s[d]*L.q_scale;
+            for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
+                dst[d] = sm[d]*L.q_scale;
             }
         } else {
             const ggml_mk_kv_view & kv = st.kv[il];
             const int64_t cell = st.kv_idx[cache][m];
-            for (int d = lane; d < hd; d += WARP_SIZE) {
-                const half hv = __float2half(s[d]);
+            for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
+                const half hv = __float2half(sm[d]);
                 if (kind == 1) {
                     *(half *) ((char *) kv.k + cell*kv.k_sc + h*kv.k_sh + 2*d) = hv;
                 } else {
@@ -581,7 +679,7 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * wsm) {
                 }
             }
         }
-        __syncwarp();
+        __syncthreads(); // sm and red are reused by the next head
     }
 }
 
@@ -597,6 +695,7 @@ MK_DEVICE float mk_hi(unsigned u) { return __half2float(__ushort_as_half((unsign
 
 template <int NP>
 MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
+    constexpr int CPI = NP > 4 ? 2 : 4;   // cells per step (registers: K and V of CPI cells)
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane   = threadIdx.x % WARP_SIZE;
@@ -610,7 +709,7 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     const int nch    = (n_kv + CH - 1)/CH;
     const ggml_mk_kv_view & kv = st.kv[il];
     const int gqa    = L.n_head / L.n_head_kv;
-    const bool vt    = kv.v_sd != 2;   // transposed V: the 4 cells of one dimension are contiguous
+    const bool vt    = kv.v_sd != 2;   // transposed V: the CPI cells of one dimension are contiguous
     const int PS     = 4 + a.m->max_head_dim;
 
     for (int u = warp; u < M*L.n_head*nch; u += nwarps) {
@@ -636,21 +735,21 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
         const char * vb = (const char *) kv.v + hkv*kv.v_sh;
         const int c0 = ch*CH;
         const int c1 = min(n_kv, c0 + CH);
-        for (int c = c0; c < c1; c += 4) {
-            float mv[4];
+        for (int c = c0; c < c1; c += CPI) {
+            float mv[CPI];
             bool any = false;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < CPI; ++j) {
                 mv[j] = c + j < c1 ? mask[c + j] : -INFINITY;
                 any = any || mv[j] != -INFINITY;
             }
             if (!any) {
                 continue;
             }
-            unsigned kr[4][NP];
-            unsigned vr[4][NP];   // plain V: cell j, dims (d, d+1); transposed: [0..1] cells 0-3 of d, [2..3] of d+1
+            unsigned kr[CPI][NP];
+            unsigned vr[CPI][NP];   // plain V: cell j, dims (d, d+1); transposed: [w] cells 2w, 2w+1 of d, [CPI/2 + w] of d+1
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < CPI; ++j) {
 #pragma unroll
                 for (int i = 0; i < NP; ++i) {
                     kr[j][i] = 0;
@@ -670,16 +769,17 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                         const int d = 2*lane + 64*i;
                         const unsigned * p0 = (const unsigned *) (vb + (size_t) d*kv.v_sd + (size_t) c*kv.v_sc);
                         const unsigned * p1 = (const unsigned *) (vb + (size_t) (d + 1)*kv.v_sd + (size_t) c*kv.v_sc);
-                        vr[0][i] = mk_ldcg_u32(p0);
-                        vr[1][i] = mk_ldcg_u32(p0 + 1);
-                        vr[2][i] = mk_ldcg_u32(p1);
-                        vr[3][i] = mk_ldcg_u32(p1 + 1);
+#pragma unroll
+                        for (int w = 0; w < CPI/2; ++w) {
+                            vr[w][i]         = mk_ldcg_u32(p0 + w);
+                            vr[CPI/2 + w][i] = mk_ldcg_u32(p1 + w);
+                        }
                     }
                 }
             }
-            float sc[4];
+            float sc[CPI];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < CPI; ++j) {
                 float s = 0.0f;
 #pragma unroll
                 for (int i = 0; i < NP; ++i) {
@@ -689,12 +789,12 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                 sc[j] = s;
             }
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < CPI; ++j) {
                 sc[j] = mk_warp_sum(sc[j]);
             }
             float mn = mx;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < CPI; ++j) {
                 sc[j] = fmaf(sc[j], a.m->kq_scale, mv[j]);
                 if (mv[j] != -INFINITY) {
                     mn = fmaxf(mn, sc[j]);
@@ -708,7 +808,7 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                 a1[i] *= corr;
             }
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < CPI; ++j) {
                 if (mv[j] == -INFINITY) {
                     continue;
                 }
@@ -718,8 +818,8 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                 for (int i = 0; i < NP; ++i) {
                     float v0, v1;
                     if (vt) {
-                        const unsigned w0 = vr[j/2][i];       // dim d:   cells (j&~1, j|1) in word j/2
-                        const unsigned w1 = vr[2 + j/2][i];   // dim d+1
+                        const unsigned w0 = vr[j/2][i];           // dim d:   cells (j&~1, j|1) in word j/2
+                        const unsigned w1 = vr[CPI/2 + j/2][i];   // dim d+1
                         v0 = (j & 1) ? mk_hi(w0) : mk_lo(w0);
                         v1 = (j & 1) ? mk_hi(w1) : mk_lo(w1);
                     } else {
@@ -839,7 +939,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
     MK_SHARED(float, rs, 2*MK_M);
     MK_SHARED_DYN(float4, smem);
     float   * xs = (float *) smem;                       // staged mat-vec inputs; the heads' scratch
-    uint8_t * ws = (uint8_t *) smem + MK_XS_BYTES;       // weight stages
+    uint8_t * ws = (uint8_t *) smem + MK_XS_BYTES + MK_XQ_BYTES;  // weight stages
 
     const ggml_mk_model & md = *a.m;
     const int M = a.st->n_tokens;

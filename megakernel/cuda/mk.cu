@@ -18,7 +18,7 @@
 #include <vector>
 
 #define MK_DEVICE    static __device__ __forceinline__
-#define MK_DEVICE_FN static __device__
+#define MK_DEVICE_FN static __device__ __noinline__   // phases: own register allocation, no spills in hot loops
 #define MK_KERNEL    __global__ void __launch_bounds__(MK_THREADS)
 #define MK_SHARED(T, name, n)   __shared__ T name[n]
 #define MK_SHARED_DYN(T, name)  extern __shared__ T name[]

@@ -108,6 +108,15 @@ using std::max;
 
 struct half { uint16_t bits; };
 struct float4 { float x, y, z, w; };
+struct int4 { int x, y, z, w; };
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) {
+        c += (int) (int8_t) (a >> 8*i) * (int) (int8_t) (b >> 8*i);
+    }
+    return c;
+}
+inline int __float2int_rn(float f) { return (int) nearbyintf(f); }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline half  __float2half(float f) { ggml_fp16_t h = ggml_fp32_to_fp16(f); half r; memcpy(&r.bits, &h, 2); return r; }
 inline float __half2float(half h) { ggml_fp16_t x; memcpy(&x, &h.bits, 2); return ggml_fp16_to_fp32(x); }
 inline half  __ushort_as_half(unsigned short u) { half r; r.bits = u; return r; }

@@ -60,7 +60,18 @@ static float f16r(float x) { return __half2float(__float2half(x)); }
 
 // ---- float64 reference ----------------------------------------------------------------------
 typedef std::vector<double> vd;
-static vd mv(const wt & w, const vd & x) {
+// Q4_0 and Q8_0 weights meet 8-bit inputs (per 32 values: d = max|x|/127, q = round(x/d)), as in
+// llama.cpp's mmvq; the reference rounds its inputs the same way for those types
+static vd mv(const wt & w, const vd & x_in) {
+    vd x = x_in;
+    if (w.type == GGML_TYPE_Q4_0 || w.type == GGML_TYPE_Q8_0) {
+        for (size_t b = 0; b < x.size(); b += 32) {
+            float amax = 0.0f;
+            for (size_t i = b; i < b + 32 && i < x.size(); ++i) amax = std::max(amax, fabsf((float) x[i]));
+            const float d = amax/127.0f;
+            for (size_t i = b; i < b + 32 && i < x.size(); ++i) x[i] = amax == 0.0f ? 0.0 : (double) nearbyintf((float) x[i]/d)*d;
+        }
+    }
     vd y(w.ne1, 0.0);
     for (int r = 0; r < w.ne1; ++r) for (int k = 0; k < w.ne0; ++k) y[r] += (double) w.f[(size_t) r*w.ne0 + k]*x[k];
     return y;
@@ -257,7 +268,10 @@ int main(int argc, char ** argv) {
         for (int i = 0; i < n_vocab; ++i) { num += (lo[i] - r[i])*(lo[i] - r[i]); den += r[i]*r[i]; }
         const double nmse = num/den;
         worst = std::max(worst, nmse);
-        if (!(nmse < 1e-8)) { printf("FAIL step %d: NMSE vs float64 reference %.3g\n", p, nmse); ++fails; }
+        // bound: the Q4_0/Q8_0 mat-vecs round their inputs to 8 bits; the reference rounds its own (float64)
+        // inputs, and an input within a last-bit difference of a rounding boundary lands on the other step
+        // now and then (~1e-6); a wrong lane mapping, block or barrier costs >= 1e-3
+        if (!(nmse < 1e-5)) { printf("FAIL step %d: NMSE vs float64 reference %.3g\n", p, nmse); ++fails; }
         seq.push_back(lo);
     }
     printf("%s one-token steps 0..%d (window %d crossed): worst NMSE vs float64 reference %.3g\n", fails ? "FAIL" : "OK", n_seq + 3, W, worst);
