@@ -12,6 +12,10 @@
 # warm machine keeps /tmp/stq-cuda/{src,build}, so a second call within that window skips the build):
 #   run(command="bash harness/cuda_device.sh remote all", carry=[".dev"], timeout_s=600)
 #       stages (any subset, in this order): build test sanitize bench ncu rpc  ("all" = build test sanitize bench)
+#       mmv (issue 17): the STQ1_0 cp.async mat-vec kernel: batch invariance and test-backend-ops MUL_MAT /
+#       MUL_MAT_ID with it and with mmvq, then bench_cuda.py new/old/old/new (GGML_CUDA_STQ1_0_MMV=1/0) and the
+#       one-column variants (STQ_MMV_VARIANTS, default "r2 r8 w2 s2 s8"; STQ_MMV_ROUNDS, default 5;
+#       STQ_MMV_SANITIZE=1 adds memcheck) -> mmv.log, mmv-ab*.json (4 files); about 4 minutes after the build
 #       rpc: its own -DGGML_RPC=ON build; test-backend-ops -b RPC0 against a CUDA rpc-server on loopback
 #       (STQ_RPC_MODEL=FILE.gguf on the device adds harness/bench_rpc.py: CUDA local vs through rpc)
 #       logs and results go to $OUT (at most 8 files come back): build.log, test.log, sanitize.log,
@@ -136,7 +140,7 @@ remote() {
         ncu)
             {
                 echo "== $(date -u +%FT%TZ) ncu: STQ1_0 and Q4_0 mmvq at 32768x16384"
-                (cd "$HERE" && ncu --clock-control none -k regex:mul_mat_vec_q --launch-skip 8 --launch-count 2 \
+                (cd "$HERE" && ncu --clock-control none -k regex:'mul_mat_vec_(q|stq1_0)' --launch-skip 8 --launch-count 2 \
                     --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
                     --section InstructionStats \
                     python3 harness/bench_cuda.py --build "$bld" --workloads big --types stq1_0,q4_0 --rounds 1 \
@@ -170,8 +174,47 @@ remote() {
                 fi
             } 2>&1 | tee -a "$out/rpc.log"
             ;;
+        mmv)
+            # issue 17 (patch 0031): the STQ1_0 cp.async mat-vec kernel. Correctness first (batch invariance,
+            # test-backend-ops MUL_MAT / MUL_MAT_ID), then the kernel against mmvq (GGML_CUDA_STQ1_0_MMV=0) in
+            # processes ordered new old old new, each timing stq1_0 and q4_0 in turn (the ratio to Q4_0 comes from
+            # one process), then the one-column variants (r2 r8 w2 s2 s8) on the n = 1 cases
+            {
+                echo "== $(date -u +%FT%TZ) mmv: batch invariance (new kernel)"
+                "$bld/bin/test-mul-mat-batch-invariance" -b CUDA0 -t stq1_0 || echo "!! stq1_0 batch invariance FAILED"
+                echo "== $(date -u +%FT%TZ) mmv: test-backend-ops MUL_MAT / MUL_MAT_ID -p stq1_0 (new kernel, then mmvq)"
+                for mode in 1 0; do
+                    for op in MUL_MAT MUL_MAT_ID; do
+                        echo "-- GGML_CUDA_STQ1_0_MMV=$mode $op"
+                        GGML_CUDA_STQ1_0_MMV=$mode "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'stq1_0|tests passed|FAIL|not supported' | grep -v ': OK$' | tail -20 || true
+                    done
+                done
+                if [ -n "${STQ_MMV_SANITIZE:-}" ]; then
+                    echo "== $(date -u +%FT%TZ) mmv: compute-sanitizer memcheck, MUL_MAT / MUL_MAT_ID -p stq1_0"
+                    for op in MUL_MAT MUL_MAT_ID; do
+                        compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+                            "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'ERROR SUMMARY|tests passed|Invalid|out of bounds' | head -10 || echo "!! memcheck: $op reported errors"
+                    done
+                fi
+                local i=0
+                for mode in 1 0 0 1; do
+                    i=$((i + 1))
+                    echo "== $(date -u +%FT%TZ) mmv: A/B process $i: GGML_CUDA_STQ1_0_MMV=$mode"
+                    (cd "$HERE" && GGML_CUDA_STQ1_0_MMV=$mode python3 harness/bench_cuda.py --build "$bld" --types stq1_0,q4_0 \
+                        --workloads big,routed,verify --rounds "${STQ_MMV_ROUNDS:-5}" --graphs 3 --copy-mb 1024 \
+                        --json "$out/mmv-ab$i-mode$mode.json" 2>&1 | grep -Ev 'warmup complete|^  Device|found 1 CUDA') || echo "!! bench (mode $mode) failed"
+                done
+                for mode in ${STQ_MMV_VARIANTS-r2 r8 w2 s2 s8}; do
+                    echo "== $(date -u +%FT%TZ) mmv: variant GGML_CUDA_STQ1_0_MMV=$mode (n = 1 cases)"
+                    (cd "$HERE" && GGML_CUDA_STQ1_0_MMV=$mode python3 harness/bench_cuda.py --build "$bld" --types stq1_0,q4_0 \
+                        --workloads big,routed,decode --rounds "${STQ_MMV_ROUNDS:-5}" --graphs 3 --copy-mb 1024 2>&1 \
+                        | grep -Ev 'warmup complete|^  Device|found 1 CUDA' | tail -8) || echo "!! bench (variant $mode) failed"
+                done
+                echo "== $(date -u +%FT%TZ) mmv: done"
+            } 2>&1 | tee -a "$out/mmv.log"
+            ;;
         *)
-            echo "error: unknown stage '$st' (build test sanitize bench ncu rpc all)" >&2
+            echo "error: unknown stage '$st' (build test sanitize bench ncu rpc mmv all)" >&2
             exit 2
             ;;
         esac
@@ -181,5 +224,5 @@ remote() {
 case "${1:-}" in
     pack)   shift; pack "$@" ;;
     remote) shift; remote "$@" ;;
-    *)      sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 2 ;;
+    *)      sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
