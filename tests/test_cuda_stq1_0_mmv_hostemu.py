@@ -104,6 +104,8 @@ def test_cuda_mmv_stq1_0_variants(mmv_exe, variant):
     ("+ blk*sizeof(block_stq1_0)", "+ blk*40"),                                             # wrong block offset
     ("const int kby = ((warp + i*nwarps)", "const int kby = ((i*nwarps)"),                 # activations of warp 0's tile
     ("if (lane == r && r <= last_row)", "if (lane == r && r < last_row)"),                  # drops the last row
+    ("(yc->qs + 64*h)", "(yc->qs + 32*h)"),                                                 # wrong half of a q8_1 block
+    ("a.stride_kb_y  = ne11;", "a.stride_kb_y  = 1;"),                                        # mmq layout stride lost
 ])
 def test_cuda_mmv_stq1_0_emulation_can_fail(tmp_path, cpu_build, mmv_code, mutation):
     src, vecdot, mmv = mmv_code

@@ -40,7 +40,9 @@
 struct dim3 { unsigned x, y, z; dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {} };
 struct uint3 { uint32_t x, y, z; };
 struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
 struct float2 { float x, y; };
+typedef uint32_t half2;
 typedef ggml_half half;
 typedef int cudaStream_t;
 
@@ -70,11 +72,14 @@ static uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t) (((uint64_t
 static int get_int_b4(const void * x, const int & i32) { int v; memcpy(&v, (const char *) x + 4*i32, 4); return v; }
 static float __half2float(ggml_half h) { return ggml_fp16_to_fp32(h); }
 static float2 __half22float2(const uint32_t & h2) { return { ggml_fp16_to_fp32(h2 & 0xFFFF), ggml_fp16_to_fp32(h2 >> 16) }; }
+static constexpr int QK8_1_MMQ = 4*QK8_1;
 static float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static float __fmul_rn(float a, float b) { return a*b; }
 static float __fadd_rn(float a, float b) { return a + b; }
 struct block_q8_1_emu { uint32_t ds; int8_t qs[32]; }; // ds: half2 (d, sum)
 #define block_q8_1 block_q8_1_emu
+struct alignas(16) block_q8_1_mmq { half2 ds4[4]; int8_t qs[QK8_1_MMQ]; }; // the DS4 layout of mmq
+static_assert(sizeof(block_q8_1_mmq) == 144, "");
 using std::min;
 
 static uint3 init_fastdiv_values(uint64_t d) { return { 0, 0, (uint32_t) d }; }
@@ -261,30 +266,38 @@ struct ggml_cuda_pool_alloc {
 };
 static bool cp_async_available(int) { return true; }
 
-// q8_1 of one 32-value block; ds.y = d*sum(q) (exact up to fp16) so that the check can be tight
-static void emu_quantize_q8_1(const float * x, int n_valid, block_q8_1_emu & b) {
+// q8_1 of one 32-value block as mmq's quantizer computes it (d = 1/(127/amax), q = round(x*127/amax));
+// ds.y = d*sum(q) instead of the float sum (exact up to fp16) so that the check can be tight
+static void emu_quantize_q8_1(const float * x, int n_valid, int8_t * qs, uint32_t & ds) {
     float amax = 0;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, i < n_valid ? fabsf(x[i]) : 0.0f);
-    const float d = amax / 127;
+    const float d_inv = 127.0f / amax;
+    const float d = 1.0f / d_inv;
     int s = 0;
     for (int i = 0; i < 32; ++i) {
         const float v = i < n_valid ? x[i] : 0.0f;
-        b.qs[i] = (int8_t) (amax == 0 ? 0 : roundf(v / d));
-        s += b.qs[i];
+        qs[i] = (int8_t) (amax == 0 ? 0 : roundf(v*d_inv));
+        s += qs[i];
     }
-    b.ds = ggml_fp32_to_fp16(d) | (uint32_t) ggml_fp32_to_fp16(d*s) << 16;
+    ds = ggml_fp32_to_fp16(d) | (uint32_t) ggml_fp32_to_fp16(d*s) << 16;
 }
-static void quantize_row_q8_1_cuda(const float * x, const int32_t * ids, void * vy, ggml_type, int64_t ne00,
+// the mmq layout: channel z = i3*ne2 + i2, then 128-value block kb, then row i1
+static void quantize_mmq_q8_1_cuda(const float * x, const int32_t * ids, void * vy, ggml_type, int64_t ne00,
         int64_t s01, int64_t s02, int64_t s03, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, cudaStream_t) {
-    if (ids) { printf("FAIL: q8_1 with ids\n"); exit(1); }
-    block_q8_1_emu * y = (block_q8_1_emu *) vy;
+    if (ids || ne0 % QK8_1_MMQ != 0 || ne00 % 4 != 0) { printf("FAIL: mmq q8_1 arguments\n"); exit(1); }
+    block_q8_1_mmq * y = (block_q8_1_mmq *) vy;
+    const int64_t nkb = ne0/QK8_1_MMQ;
     for (int64_t i3 = 0; i3 < ne3; ++i3)
     for (int64_t i2 = 0; i2 < ne2; ++i2)
     for (int64_t i1 = 0; i1 < ne1; ++i1) {
         const float * row = x + i3*s03 + i2*s02 + i1*s01;
-        for (int64_t ib = 0; ib < ne0/32; ++ib) {
-            const int nv = (int) std::max<int64_t>(0, std::min<int64_t>(32, ne00 - 32*ib));
-            emu_quantize_q8_1(row + 32*ib, nv, y[((i3*ne2 + i2)*ne1 + i1)*(ne0/32) + ib]);
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+            block_q8_1_mmq & b = y[((i3*ne2 + i2)*nkb + kb)*ne1 + i1];
+            for (int k = 0; k < 4; ++k) {
+                const int64_t i0 = kb*QK8_1_MMQ + 32*k;
+                const int nv = (int) std::max<int64_t>(0, std::min<int64_t>(32, ne00 - i0));
+                emu_quantize_q8_1(row + i0, nv, b.qs + 32*k, b.ds4[k]);
+            }
         }
     }
 }
@@ -321,10 +334,11 @@ static std::vector<double> x_col(const ggml_tensor * x, int64_t i1, int64_t i2, 
     const float * p = (const float *) ((const char *) x->data + i1*x->nb[1] + i2*x->nb[2] + i3*x->nb[3]);
     std::vector<double> r(x->ne[0]);
     for (int64_t ib = 0; ib < x->ne[0]/32; ++ib) {
-        block_q8_1_emu b;
-        emu_quantize_q8_1(p + 32*ib, 32, b);
-        const double d = ggml_fp16_to_fp32(b.ds & 0xFFFF);
-        for (int i = 0; i < 32; ++i) r[32*ib + i] = d*b.qs[i];
+        int8_t qs[32];
+        uint32_t ds;
+        emu_quantize_q8_1(p + 32*ib, 32, qs, ds);
+        const double d = ggml_fp16_to_fp32(ds & 0xFFFF);
+        for (int i = 0; i < 32; ++i) r[32*ib + i] = d*qs[i];
     }
     return r;
 }
@@ -349,7 +363,7 @@ static void check_mul_mat(int64_t K, int64_t M, int64_t N, int64_t ne02 = 1, int
     ggml_tensor * d = ggml_mul_mat(ctx, w, x);
     fill_stq1_0(w);
     fill_f32(x);
-    if (!ggml_cuda_should_use_mmv_stq1_0(w, 900)) { printf("FAIL: %lldx%lld not taken by the kernel\n", (long long) K, (long long) M); g_fail++; return; }
+    if (!ggml_cuda_should_use_mmv_stq1_0(w, x, 900)) { printf("FAIL: %lldx%lld not taken by the kernel\n", (long long) K, (long long) M); g_fail++; return; }
     ggml_backend_cuda_context cctx;
     ggml_cuda_mul_mat_vec_stq1_0(cctx, w, x, nullptr, d);
     char what[128];
@@ -453,8 +467,11 @@ static void check_not_taken() {
     ggml_tensor * w  = ggml_new_tensor_2d(ctx, GGML_TYPE_STQ1_0, 2560, 4); // 10 blocks per row: not whole tiles
     ggml_tensor * w2 = ggml_new_tensor_2d(ctx, GGML_TYPE_STQ1_0, 2048, 4);
     ggml_tensor * v  = ggml_view_2d(ctx, w2, 2048, 2, w2->nb[1], w2->nb[1]/2 + 1); // misaligned data
-    if (ggml_cuda_should_use_mmv_stq1_0(w, 900) || ggml_cuda_should_use_mmv_stq1_0(v, 900) || !ggml_cuda_should_use_mmv_stq1_0(w2, 900)) {
-        printf("FAIL: ggml_cuda_should_use_mmv_stq1_0 is wrong for 2560-wide rows, a misaligned view or 2048-wide rows\n");
+    ggml_tensor * x  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, 3);
+    ggml_tensor * xv = ggml_view_2d(ctx, x, 2048, 2, x->nb[1] - 4, 4); // activations not 16-byte aligned
+    if (ggml_cuda_should_use_mmv_stq1_0(w, x, 900) || ggml_cuda_should_use_mmv_stq1_0(v, x, 900) ||
+        ggml_cuda_should_use_mmv_stq1_0(w2, xv, 900) || !ggml_cuda_should_use_mmv_stq1_0(w2, x, 900)) {
+        printf("FAIL: ggml_cuda_should_use_mmv_stq1_0 is wrong for 2560-wide rows, misaligned views or 2048-wide rows\n");
         g_fail++;
     }
     ggml_free(ctx);
