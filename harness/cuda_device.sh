@@ -142,7 +142,7 @@ remote() {
                 echo "== $(date -u +%FT%TZ) ncu: STQ1_0 and Q4_0 mmvq at 32768x16384"
                 (cd "$HERE" && ncu --clock-control none -k regex:'mul_mat_vec_(q|stq1_0)' --launch-skip 8 --launch-count 2 \
                     --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
-                    --section InstructionStats \
+                    --section InstructionStats --section MemoryWorkloadAnalysis \
                     python3 harness/bench_cuda.py --build "$bld" --workloads big --types stq1_0,q4_0 --rounds 1 \
                     --graphs 1 --min-nodes 4 --copy-mb 64) 2>&1 | grep -Ev '^==PROF==' | tail -150
             } 2>&1 | tee -a "$out/ncu.log"
