@@ -210,6 +210,30 @@ remote() {
                         --workloads big,routed,decode --rounds "${STQ_MMV_ROUNDS:-5}" --graphs 3 --copy-mb 1024 2>&1 \
                         | grep -Ev 'warmup complete|^  Device|found 1 CUDA' | tail -8) || echo "!! bench (variant $mode) failed"
                 done
+                echo "== $(date -u +%FT%TZ) mmv: A/B summary (medians over the processes of each mode)"
+                python3 - "$out" <<'PYEOF' || echo "!! A/B summary failed"
+import glob, json, statistics, sys
+runs = {}
+copy = []
+for f in sorted(glob.glob(sys.argv[1] + "/mmv-ab*-mode*.json")):
+    mode = f.rsplit("mode", 1)[1].split(".")[0]
+    d = json.load(open(f))
+    copy.append(d["copy_gbs"])
+    for r in d["results"]:
+        runs.setdefault((r["case"], mode, r["type"]), []).append(r)
+cp = statistics.median(copy) if copy else float("nan")
+print(f"copy {cp:.0f} GB/s; new = GGML_CUDA_STQ1_0_MMV=1 (mmv-stq1_0.cu), old = 0 (mmvq)")
+print(f"{'case':32s} {'new us':>8s} {'old us':>8s} {'new/old':>8s} {'new %copy':>9s} {'new/q4_0':>9s} {'old/q4_0':>9s}")
+for case in dict.fromkeys(c for c, _, _ in runs):
+    def med(mode, t, key):
+        rs = runs.get((case, mode, t), [])
+        return statistics.median(r[key] for r in rs) if rs else float("nan")
+    new, old = med("1", "stq1_0", "median_us"), med("0", "stq1_0", "median_us")
+    gbs = med("1", "stq1_0", "gbs")
+    # ratio_vs_candidate of the q4_0 row = median over rounds of stq1_0/q4_0 within one process
+    rn, ro = med("1", "q4_0", "ratio_vs_candidate"), med("0", "q4_0", "ratio_vs_candidate")
+    print(f"{case:32s} {new:8.2f} {old:8.2f} {new/old:8.3f} {100*gbs/cp:8.0f}% {rn:9.3f} {ro:9.3f}")
+PYEOF
                 echo "== $(date -u +%FT%TZ) mmv: done"
             } 2>&1 | tee -a "$out/mmv.log"
             ;;
