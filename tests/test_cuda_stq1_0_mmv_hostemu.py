@@ -28,6 +28,7 @@ MMV_RULES = [
     (re.compile(r"__shared__ "), "static "),
     (re.compile(r'asm volatile\("cp\.async\.commit_group;"\);'), "emu_cp_async_commit();"),
     (re.compile(r'asm volatile\("cp\.async\.wait_group %0;" : : "n"\((\w+)\)\);'), r"emu_cp_async_wait(\1);"),
+    (re.compile(r'asm volatile\("prefetch\.global\.L2 \[%0\];" : : "l"\((\w+)\)\);'), r"emu_prefetch(\1);"),
 ]
 
 
@@ -106,6 +107,8 @@ def test_cuda_mmv_stq1_0_variants(mmv_exe, variant):
     ("if (lane == r && r <= last_row)", "if (lane == r && r < last_row)"),                  # drops the last row
     ("(yc->qs + 64*h)", "(yc->qs + 32*h)"),                                                 # wrong half of a q8_1 block
     ("a.stride_kb_y  = ne11;", "a.stride_kb_y  = 1;"),                                        # mmq layout stride lost
+    ("x + min(r, last_row)*stride_row_x + t*", "x + r*stride_row_x + t*"),                   # copies past the last row
+    ("min(128*(k - r*nlines), nbytes - 1)", "128*(k - r*nlines)"),                            # prefetch past the tiles
 ])
 def test_cuda_mmv_stq1_0_emulation_can_fail(tmp_path, cpu_build, mmv_code, mutation):
     src, vecdot, mmv = mmv_code

@@ -135,6 +135,16 @@ static float warp_reduce_sum(float x) {
     return x;
 }
 
+// the weights of the current call: cp.async and prefetch must stay inside them
+static const char * g_w_lo = nullptr;
+static const char * g_w_hi = nullptr;
+static void emu_check_weights(const void * p, size_t n, const char * what) {
+    if ((const char *) p < g_w_lo || (const char *) p + n > g_w_hi) {
+        if (g_fail++ < 5) printf("FAIL: %s at %p outside the weights [%p, %p)\n", what, p, (const void *) g_w_lo, (const void *) g_w_hi);
+    }
+}
+static void emu_prefetch(const void * p) { emu_check_weights(p, 1, "prefetch"); }
+
 static void * emu_smem() { return g_smem.data(); }
 static unsigned int ggml_cuda_cvta_generic_to_shared(void * p) { return (unsigned int) ((unsigned char *) p - g_smem.data()); }
 template <int preload>
@@ -143,6 +153,7 @@ static void cp_async_cg_16(const unsigned int dst, const void * src) {
         if (g_fail++ < 5) printf("FAIL: cp.async dst %u src %p not 16-byte aligned or outside shared memory\n", dst, src);
         return;
     }
+    emu_check_weights(src, 16, "cp.async");
     if (g_eager) {
         memcpy(g_smem.data() + dst, src, 16);
     } else {
@@ -305,6 +316,12 @@ static void quantize_mmq_q8_1_cuda(const float * x, const int32_t * ids, void * 
 #include STQ_VECDOT_INC
 #include STQ_MMV_INC
 
+static void emu_call(ggml_backend_cuda_context & cctx, const ggml_tensor * w, const ggml_tensor * x, const ggml_tensor * ids, ggml_tensor * d) {
+    g_w_lo = (const char *) w->data;
+    g_w_hi = (const char *) w->data + ggml_nbytes(w);
+    ggml_cuda_mul_mat_vec_stq1_0(cctx, w, x, ids, d);
+}
+
 // ---- the checks --------------------------------------------------------------------------------------------
 static std::mt19937 rng(20261130);
 
@@ -365,7 +382,7 @@ static void check_mul_mat(int64_t K, int64_t M, int64_t N, int64_t ne02 = 1, int
     fill_f32(x);
     if (!ggml_cuda_should_use_mmv_stq1_0(w, x, 900)) { printf("FAIL: %lldx%lld not taken by the kernel\n", (long long) K, (long long) M); g_fail++; return; }
     ggml_backend_cuda_context cctx;
-    ggml_cuda_mul_mat_vec_stq1_0(cctx, w, x, nullptr, d);
+    emu_call(cctx, w, x, nullptr, d);
     char what[128];
     for (int64_t i3 = 0; i3 < ne13; ++i3)
     for (int64_t i2 = 0; i2 < ne12; ++i2)
@@ -390,7 +407,7 @@ static void check_mul_mat(int64_t K, int64_t M, int64_t N, int64_t ne02 = 1, int
             for (int64_t i2 = 0; i2 < ne12; ++i2) {
                 memcpy((char *) x1->data + i2*x1->nb[2] + i3*x1->nb[3], (char *) x->data + j*x->nb[1] + i2*x->nb[2] + i3*x->nb[3], K*4);
             }
-            ggml_cuda_mul_mat_vec_stq1_0(cctx, w, x1, nullptr, d1);
+            emu_call(cctx, w, x1, nullptr, d1);
             for (int64_t i3 = 0; i3 < ne13; ++i3)
             for (int64_t i2 = 0; i2 < ne12; ++i2)
             for (int64_t m = 0; m < M; ++m) {
@@ -423,7 +440,7 @@ static void check_mul_mat_id(int64_t K, int64_t M, int64_t n_exp, int64_t n_used
         for (int64_t s = 0; s < n_used; ++s) ((int32_t *) ids->data)[s + t*n_used] = e[s];
     }
     ggml_backend_cuda_context cctx;
-    ggml_cuda_mul_mat_vec_stq1_0(cctx, w, x, ids, d);
+    emu_call(cctx, w, x, ids, d);
     char what[160];
     for (int64_t t = 0; t < T; ++t)
     for (int64_t s = 0; s < n_used; ++s) {
@@ -446,7 +463,7 @@ static void check_mul_mat_id(int64_t K, int64_t M, int64_t n_exp, int64_t n_used
         for (int64_t t = 0; t < T; ++t) {
             memcpy(x1->data, (char *) x->data + t*x->nb[2], ggml_nbytes(x1));
             memcpy(ids1->data, (char *) ids->data + t*ids->nb[1], ggml_nbytes(ids1));
-            ggml_cuda_mul_mat_vec_stq1_0(cctx, w, x1, ids1, d1);
+            emu_call(cctx, w, x1, ids1, d1);
             for (int64_t s = 0; s < n_used; ++s)
             for (int64_t m = 0; m < M; ++m) {
                 const float a = *(const float *) ((const char *) d1->data + m*d1->nb[0] + s*d1->nb[1]);
