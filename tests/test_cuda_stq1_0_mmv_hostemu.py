@@ -107,7 +107,7 @@ def test_cuda_mmv_stq1_0_variants(mmv_exe, variant):
     ("if (lane == r && r <= last_row)", "if (lane == r && r < last_row)"),                  # drops the last row
     ("(yc->qs + 64*h)", "(yc->qs + 32*h)"),                                                 # wrong half of a q8_1 block
     ("a.stride_kb_y  = ne11;", "a.stride_kb_y  = 1;"),                                        # mmq layout stride lost
-    ("x + min(r, last_row)*stride_row_x + t*", "x + r*stride_row_x + t*"),                   # copies past the last row
+    ("src[n] = x + min(r, last_row)*stride_row_x", "src[n] = x + r*stride_row_x"),           # copies past the last row
     ("min(128*(k - r*nlines), nbytes - 1)", "128*(k - r*nlines)"),                            # prefetch past the tiles
 ])
 def test_cuda_mmv_stq1_0_emulation_can_fail(tmp_path, cpu_build, mmv_code, mutation):
