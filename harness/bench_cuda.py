@@ -13,6 +13,7 @@ Workloads (``--workloads``, comma separated):
   STQ1_0 gate/up stacks), top-8, 1 token, fresh random experts for every call;
 * ``verify``: 4096 x 14336 (ne00 = K = 14336, ne01 = M = 4096) at widths n = 1..5 (speculative
   verify), each width its own row in the table.
+* ``decode``: the n = 1 row of ``verify`` alone.
 
 Working sets exceed the 60 MB L2: a MUL_MAT workload rotates among R copies of the weights (R such
 that R copies hold at least ``--min-set-mb``), a routed one draws 8 of 256 experts per call.  One
@@ -51,7 +52,7 @@ if __package__ in (None, ""):  # run as a script: make `harness` importable
 from harness.util import HarnessError  # noqa: E402
 
 TYPES = ("stq1_0", "q4_0", "q8_0", "q1_0", "f16")
-WORKLOADS = ("big", "routed", "verify")
+WORKLOADS = ("big", "routed", "verify", "decode")
 # offset of the fp16 scale in a block (the rest of a block is random bytes: every byte pattern of these
 # types is a valid block; scales are kept small and finite)
 SCALE_OFFSET = {"stq1_0": 40, "q4_0": 0, "q8_0": 0, "q1_0": 0}
@@ -88,6 +89,8 @@ def cases_for(workloads) -> list[Case]:
             out.append(Case("routed 256x(6144x2048) top-8", k=6144, m=2048, n=1, n_expert=256, n_used=8))
         elif w == "verify":
             out += [Case(f"4096x14336 n={n}", k=14336, m=4096, n=n) for n in range(1, 6)]
+        elif w == "decode":
+            out.append(Case("4096x14336 n=1", k=14336, m=4096, n=1))
         else:
             raise HarnessError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     return out
