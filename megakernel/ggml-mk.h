@@ -128,10 +128,10 @@ struct ggml_mk_step {
     struct ggml_mk_kv_view kv[GGML_MK_MAX_LAYERS];
 };
 
-// the attention chunk for a context of n_ctx cells: 16 cells, doubled until at most 256 chunks
+// the attention chunk for a context of n_ctx cells: 8 cells, doubled until at most 1024 chunks
 static inline int32_t ggml_mk_att_chunk(int32_t n_ctx) {
-    int32_t c = 16;
-    while ((int64_t) c*256 < n_ctx) {
+    int32_t c = 8;
+    while ((int64_t) c*1024 < n_ctx) {
         c *= 2;
     }
     return c;

@@ -83,19 +83,27 @@ struct mk_args {
 // phases, for the optional profile (LLAMA_MEGAKERNEL_PROFILE=1): the tag names the phase that ends
 enum mk_phase {
     MK_PH_START = 0, MK_PH_EMBD, MK_PH_PL_PROJ, MK_PH_PL_IN, MK_PH_QKV, MK_PH_HEADS, MK_PH_ATTN, MK_PH_WO,
-    MK_PH_FFN, MK_PH_DOWN, MK_PH_PL_GATE, MK_PH_PL_LAYER, MK_PH_LM_HEAD, MK_PH_COUNT,
+    MK_PH_FFN, MK_PH_DOWN, MK_PH_PL_GATE, MK_PH_PL_LAYER, MK_PH_LM_HEAD,
+    MK_PH_STAGE,   // staging of a mat-vec's inputs (block 0's; counted out of the mat-vec phases)
+    MK_PH_WAIT,    // grid barrier waits (block 0 done until all blocks are)
+    MK_PH_COUNT,
 };
 
-MK_DEVICE void mk_prof(const mk_args & a, int tag) {
-    if (a.prof && blockIdx.x == 0 && threadIdx.x == 0) {
-        const unsigned long long i = a.prof[0]++;
-        a.prof[1 + 2*i] = (unsigned long long) tag;
-        a.prof[2 + 2*i] = mk_clock_ns();
+MK_DEVICE void mk_prof_at(unsigned long long * prof, int tag) {
+    if (prof && blockIdx.x == 0 && threadIdx.x == 0) {
+        const unsigned long long i = prof[0]++;
+        prof[1 + 2*i] = (unsigned long long) tag;
+        prof[2 + 2*i] = mk_clock_ns();
     }
+}
+
+MK_DEVICE void mk_prof(const mk_args & a, int tag) {
+    mk_prof_at(a.prof, tag);
 }
 
 MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
     __syncthreads();
+    mk_prof(a, tag);
     if (a.m->debug_flags & GGML_MK_DEBUG_NO_GRID_BARRIER) {
         return; // planted bug for the tests: phases race
     }
@@ -114,7 +122,7 @@ MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
         }
         __threadfence();
     }
-    mk_prof(a, tag);
+    mk_prof(a, MK_PH_WAIT);
     __syncthreads();
 }
 
@@ -191,95 +199,110 @@ MK_DEVICE int mk_b256(int type) {
     }
 }
 
-// a row is cut into nseg tiles of sgps*256 values (the last one shorter), each at most MK_TB bytes
-struct mk_tiling {
-    int nseg;
-    int sgps;
-    int b256;
+// a job's parameters in registers (read once per mat-vec, never indexed at run time): a row is cut
+// into nseg tiles of sgps*256 values (the last one shorter), each at most MK_TB bytes
+struct mk_jr {
+    const uint8_t * data;
+    float         * y;
+    uint64_t        nb1;
+    int             ne0, ne1, type, ldy, nseg, sgps, b256;
+    float           softcap;
 };
 
-MK_DEVICE mk_tiling mk_tiles(const ggml_mk_weight & w) {
-    mk_tiling t;
-    t.b256 = mk_b256(w.type);
-    const int nsg   = (w.ne0 + 255)/256;
-    const int bytes = (int) (((int64_t) w.ne0*t.b256)/256);
-    t.nseg = (bytes + MK_TB - 1)/MK_TB;
-    t.sgps = (nsg + t.nseg - 1)/t.nseg;
-    return t;
+MK_DEVICE mk_jr mk_jr_of(const mk_job & jb) {
+    mk_jr r;
+    r.data    = (const uint8_t *) jb.w.data;
+    r.y       = jb.y;
+    r.nb1     = jb.w.nb1;
+    r.ne0     = jb.w.ne0;
+    r.ne1     = jb.w.ne1;
+    r.type    = jb.w.type;
+    r.ldy     = jb.ldy;
+    r.softcap = jb.softcap;
+    r.b256    = mk_b256(r.type);
+    const int nsg   = (r.ne0 + 255)/256;
+    const int bytes = (int) (((int64_t) r.ne0*r.b256)/256);
+    r.nseg = (bytes + MK_TB - 1)/MK_TB;
+    r.sgps = (nsg + r.nseg - 1)/r.nseg;
+    return r;
+}
+
+struct mk_mvr {
+    mk_jr j0, j1, j2;
+    int   pair, units;
+};
+
+// field f of job j (0..2) of R, selected without indexing
+#define MK_J(R, j, f) ((j) == 0 ? (R).j0.f : (j) == 1 ? (R).j1.f : (R).j2.f)
+
+MK_DEVICE mk_mvr mk_mvr_of(const mk_mv & mv) {
+    mk_mvr R;
+    R.j0    = mk_jr_of(mv.jobs[0]);
+    R.j1    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1]) : R.j0;
+    R.j2    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2]) : R.j0;
+    R.pair  = mv.pair;
+    R.units = mv.pair ? R.j0.ne1 : R.j0.ne1 + (mv.n_jobs > 1 ? R.j1.ne1 : 0) + (mv.n_jobs > 2 ? R.j2.ne1 : 0);
+    return R;
 }
 
 // where a warp is in its walk over the mat-vec: row unit u (pair: row u of both jobs), sub-row, tile
+// of the row, tile count t; job and row follow from u and sub
 struct mk_it {
-    int u, sub, seg, t;
+    int u, sub, seg, t, job, row;
 };
 
-struct mk_tile {
-    int job, row, g0, ng;   // groups g0 .. g0+ng-1 (32 values each) of row `row` of job `job`
-    const uint8_t * src;    // the tile's first byte
-    int nbytes;
-};
-
-MK_DEVICE int mk_units(const mk_mv & mv) {
-    if (mv.pair) {
-        return mv.jobs[0].w.ne1;
+MK_DEVICE void mk_it_set(const mk_mvr & R, mk_it & it) {
+    if (R.pair) {
+        it.job = it.sub;
+        it.row = it.u;
+        return;
     }
-    int n = 0;
-    for (int j = 0; j < mv.n_jobs; ++j) {
-        n += mv.jobs[j].w.ne1;
-    }
-    return n;
-}
-
-MK_DEVICE mk_tile mk_tile_at(const mk_mv & mv, const mk_tiling * tl, const mk_it & it) {
-    mk_tile t;
-    if (mv.pair) {
-        t.job = it.sub;
-        t.row = it.u;
-    } else {
-        t.job = 0;
-        t.row = it.u;
-        while (t.row >= mv.jobs[t.job].w.ne1) {
-            t.row -= mv.jobs[t.job].w.ne1;
-            ++t.job;
+    int r = it.u;
+    int j = 0;
+    if (r >= R.j0.ne1) {
+        r -= R.j0.ne1;
+        j = 1;
+        if (r >= R.j1.ne1) {
+            r -= R.j1.ne1;
+            j = 2;
         }
     }
-    const ggml_mk_weight & w = mv.jobs[t.job].w;
-    const mk_tiling & T = tl[t.job];
-    const int v0 = it.seg*T.sgps*256;
-    const int v1 = min(w.ne0, v0 + T.sgps*256);
-    t.g0 = v0/32;
-    t.ng = (v1 - v0 + 31)/32;
-    const int64_t b0 = ((int64_t) v0*T.b256)/256;
-    const int64_t b1 = ((int64_t) v1*T.b256)/256;
-    t.src    = (const uint8_t *) w.data + (size_t) t.row*w.nb1 + b0;
-    t.nbytes = (int) (b1 - b0);
-    return t;
+    it.job = j;
+    it.row = r;
 }
 
-MK_DEVICE void mk_it_next(const mk_mv & mv, const mk_tiling * tl, mk_it & it, int job, int nwarps) {
+MK_DEVICE mk_it mk_it_first(const mk_mvr & R) {
+    mk_it it = { (int) (blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE), 0, 0, 0, 0, 0 };
+    mk_it_set(R, it);
+    return it;
+}
+
+MK_DEVICE void mk_it_next(const mk_mvr & R, mk_it & it) {
     ++it.t;
-    if (++it.seg < tl[job].nseg) {
+    if (++it.seg < MK_J(R, it.job, nseg)) {
         return;
     }
     it.seg = 0;
-    if (++it.sub < (mv.pair ? 2 : 1)) {
+    if (R.pair && ++it.sub < 2) {
+        it.job = 1;
         return;
     }
     it.sub = 0;
-    it.u += nwarps;
+    it.u  += gridDim.x*MK_WARPS;
+    mk_it_set(R, it);
 }
 
-MK_DEVICE int mk_it_job(const mk_mv & mv, const mk_it & it) {
-    if (mv.pair) {
-        return it.sub;
-    }
-    int j = 0;
-    int r = it.u;
-    while (r >= mv.jobs[j].w.ne1) {
-        r -= mv.jobs[j].w.ne1;
-        ++j;
-    }
-    return j;
+// the tile's bytes and groups: groups g0 .. g0+ng-1 (32 values each) of the row
+MK_DEVICE const uint8_t * mk_tile(const mk_mvr & R, const mk_it & it, int & nbytes, int & g0, int & ng) {
+    const int sgps = MK_J(R, it.job, sgps);
+    const int b256 = MK_J(R, it.job, b256);
+    const int v0 = it.seg*sgps*256;
+    const int v1 = min(MK_J(R, it.job, ne0), v0 + sgps*256);
+    g0 = v0/32;
+    ng = (v1 - v0 + 31)/32;
+    const int b0 = (v0/256)*b256;
+    nbytes = (int) (((int64_t) v1*b256)/256) - b0;
+    return MK_J(R, it.job, data) + (size_t) it.row*MK_J(R, it.job, nb1) + b0;
 }
 
 // this warp's stage for tile number t
@@ -288,11 +311,12 @@ MK_DEVICE uint8_t * mk_stage_buf(uint8_t * ws, int t) {
 }
 
 // start the copy of one tile into its stage (16-byte pieces from the aligned-down start); one commit group
-MK_DEVICE void mk_fetch(const mk_mv & mv, const mk_tiling * tl, const mk_it & it, int n_units, uint8_t * ws) {
-    if (it.u < n_units) {
-        const mk_tile t = mk_tile_at(mv, tl, it);
-        const uintptr_t a0 = (uintptr_t) t.src & ~(uintptr_t) 15;
-        const uintptr_t a1 = ((uintptr_t) t.src + t.nbytes + 15) & ~(uintptr_t) 15;
+MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws) {
+    if (it.u < R.units) {
+        int nbytes, g0, ng;
+        const uint8_t * src = mk_tile(R, it, nbytes, g0, ng);
+        const uintptr_t a0 = (uintptr_t) src & ~(uintptr_t) 15;
+        const uintptr_t a1 = ((uintptr_t) src + nbytes + 15) & ~(uintptr_t) 15;
         const int n16 = (int) ((a1 - a0)/16);
         uint8_t * dst = mk_stage_buf(ws, it.t);
         for (int c = threadIdx.x % WARP_SIZE; c < n16; c += WARP_SIZE) {
@@ -302,24 +326,15 @@ MK_DEVICE void mk_fetch(const mk_mv & mv, const mk_tiling * tl, const mk_it & it
     mk_cp_async_commit();
 }
 
-MK_DEVICE void mk_tilings(const mk_mv & mv, mk_tiling * tl) {
-    for (int j = 0; j < mv.n_jobs; ++j) {
-        tl[j] = mk_tiles(mv.jobs[j].w);
-    }
-}
-
 // issue this warp's first MK_NS - 1 tiles of a mat-vec: may run before the grid barrier that
 // precedes it (the weights do not depend on the barrier), so the loads overlap the wait
 MK_DEVICE_FN void mk_mv_begin(const mk_mv & mv, uint8_t * ws) {
-    mk_tiling tl[3];
-    mk_tilings(mv, tl);
-    const int n_units = mk_units(mv);
-    const int nwarps  = gridDim.x*MK_WARPS;
-    mk_it it = { (int) (blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE), 0, 0, 0 };
+    const mk_mvr R = mk_mvr_of(mv);
+    mk_it it = mk_it_first(R);
     for (int i = 0; i < MK_NS - 1; ++i) {
-        mk_fetch(mv, tl, it, n_units, ws);
-        if (it.u < n_units) {
-            mk_it_next(mv, tl, it, mk_it_job(mv, it), nwarps);
+        mk_fetch(R, it, ws);
+        if (it.u < R.units) {
+            mk_it_next(R, it);
         }
     }
 }
@@ -448,21 +463,15 @@ MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned
     return (unsigned) *(const uint16_t *) p | ((unsigned) *(const uint16_t *) (p + 2) << 16);
 }
 
-MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws, float * rs) {
-    mk_tiling tl[3];
-    mk_tilings(mv, tl);
+MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws, float * rs,
+                            unsigned long long * prof) {
+    const mk_mvr R = mk_mvr_of(mv);
     uint8_t * xq = (uint8_t *) xs + MK_XS_BYTES;
-    bool q8 = false;
-    for (int j = 0; j < mv.n_jobs; ++j) {
-        q8 = q8 || mk_is_q8dot(mv.jobs[j].w.type);
-    }
-    const int K       = mv.jobs[0].w.ne0;
-    const int n_units = mk_units(mv);
-    const int lane    = threadIdx.x % WARP_SIZE;
-    const int warp0   = blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
-    const int nwarps  = gridDim.x*MK_WARPS;
-    const int KG      = mk_kg(K);
-    const int Mcap    = max(1, min(M, MK_XS_CAP / (KG*32)));
+    const bool q8 = mk_is_q8dot(R.j0.type) || mk_is_q8dot(R.j1.type) || mk_is_q8dot(R.j2.type);
+    const int K    = R.j0.ne0;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int KG   = mk_kg(K);
+    const int Mcap = max(1, min(M, MK_XS_CAP / (KG*32)));
 
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
@@ -470,10 +479,13 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
             mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
         }
         mk_stage(x, K, m0, Mc, eps, xs, xq, q8, rs);
+        if (m0 == 0) {
+            mk_prof_at(prof, MK_PH_STAGE);
+        }
 
-        mk_it fe = { warp0, 0, 0, 0 };   // fetch: MK_NS - 1 tiles ahead of the consumer
-        for (int i = 0; i < MK_NS - 1 && fe.u < n_units; ++i) {
-            mk_it_next(mv, tl, fe, mk_it_job(mv, fe), nwarps);
+        mk_it fe = mk_it_first(R);   // fetch: MK_NS - 1 tiles ahead of the consumer
+        for (int i = 0; i < MK_NS - 1 && fe.u < R.units; ++i) {
+            mk_it_next(R, fe);
         }
         float acc[MK_M];
         float gs[MK_M];
@@ -482,60 +494,81 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
             acc[m] = 0.0f;
             gs[m]  = 0.0f;
         }
-        for (mk_it it = { warp0, 0, 0, 0 }; it.u < n_units; ) {
-            mk_fetch(mv, tl, fe, n_units, ws);
-            if (fe.u < n_units) {
-                mk_it_next(mv, tl, fe, mk_it_job(mv, fe), nwarps);
+        for (mk_it it = mk_it_first(R); it.u < R.units; ) {
+            mk_fetch(R, fe, ws);
+            if (fe.u < R.units) {
+                mk_it_next(R, fe);
             }
             mk_cp_async_wait<MK_NS - 1>();
             __syncwarp();
 
-            const mk_tile t = mk_tile_at(mv, tl, it);
-            const mk_job & jb = mv.jobs[t.job];
-            const uint8_t * base = mk_stage_buf(ws, it.t) + ((uintptr_t) t.src & 15);
-            if (mk_is_q8dot(jb.w.type)) {
-                // integer dot products with the q8 inputs (llama.cpp's mmvq arithmetic, per 32-value block)
-                const bool is_q4 = jb.w.type == GGML_TYPE_Q4_0;
-                for (int i = lane; i < t.ng; i += WARP_SIZE) {
-                    const int g = t.g0 + i;
-                    const uint8_t * b = base + (is_q4 ? 18 : 34)*i;
-                    const float dw = mk_f16(*(const uint16_t *) b);
-                    unsigned wq[8];
-                    MK_UNROLL
-                    for (int k = 0; k < 8; ++k) {
-                        if (is_q4) {
-                            const unsigned v = mk_u32_2a(b + 2 + 4*(k % 4));
-                            wq[k] = k < 4 ? (v & 0x0F0F0F0F) : ((v >> 4) & 0x0F0F0F0F); // values 4k.. / 16+4(k-4)..
-                        } else {
-                            wq[k] = mk_u32_2a(b + 2 + 4*k);
+            int nbytes, g0, ng;
+            const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
+            const uint8_t * base = mk_stage_buf(ws, it.t) + ((uintptr_t) src & 15);
+            const int type = MK_J(R, it.job, type);
+            if (mk_is_q8dot(type)) {
+                // integer dot products with the q8 inputs (llama.cpp's mmvq arithmetic, per 32-value block);
+                // two groups per lane at a time (independent chains), added in group order
+                const bool is_q4 = type == GGML_TYPE_Q4_0;
+                const int  bs    = is_q4 ? 18 : 34;
+                for (int i = lane; i < ng; i += 2*WARP_SIZE) {
+                    const bool two = i + WARP_SIZE < ng;
+                    float    dw[2];
+                    unsigned wq[2][8];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint8_t * b = base + bs*(i + h*WARP_SIZE);
+                        dw[h] = 0.0f;
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) {
+                            wq[h][k] = 0;
+                        }
+                        if (h == 1 && !two) {
+                            continue;
+                        }
+                        dw[h] = mk_f16(*(const uint16_t *) b);
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) {
+                            if (is_q4) {
+                                const unsigned v = mk_u32_2a(b + 2 + 4*(k % 4));
+                                wq[h][k] = k < 4 ? (v & 0x0F0F0F0F) : ((v >> 4) & 0x0F0F0F0F); // values 4k.. / 16+4(k-4)..
+                            } else {
+                                wq[h][k] = mk_u32_2a(b + 2 + 4*k);
+                            }
                         }
                     }
 #pragma unroll
                     for (int m = 0; m < MK_M; ++m) {
                         if (m < Mc) {
-                            const uint8_t * rec = xq + (size_t) (m*KG + g)*MK_XQ_REC;
-                            const int4   x0 = ((const int4 *) rec)[0];
-                            const int4   x1 = ((const int4 *) rec)[1];
-                            const float4 dq = ((const float4 *) rec)[2];   // d, sum of q
-                            int si = 0;
-                            si = __dp4a((int) wq[0], x0.x, si);
-                            si = __dp4a((int) wq[1], x0.y, si);
-                            si = __dp4a((int) wq[2], x0.z, si);
-                            si = __dp4a((int) wq[3], x0.w, si);
-                            si = __dp4a((int) wq[4], x1.x, si);
-                            si = __dp4a((int) wq[5], x1.y, si);
-                            si = __dp4a((int) wq[6], x1.z, si);
-                            si = __dp4a((int) wq[7], x1.w, si);
-                            const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, dq.y)) : (float) si;
-                            acc[m] = fmaf(__fmul_rn(dw, dq.x), sf, acc[m]);
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                if (h == 1 && !two) {
+                                    continue;
+                                }
+                                const uint8_t * rec = xq + (size_t) (m*KG + g0 + i + h*WARP_SIZE)*MK_XQ_REC;
+                                const int4   x0 = ((const int4 *) rec)[0];
+                                const int4   x1 = ((const int4 *) rec)[1];
+                                const float4 dq = ((const float4 *) rec)[2];   // d, sum of q
+                                int si = 0;
+                                si = __dp4a((int) wq[h][0], x0.x, si);
+                                si = __dp4a((int) wq[h][1], x0.y, si);
+                                si = __dp4a((int) wq[h][2], x0.z, si);
+                                si = __dp4a((int) wq[h][3], x0.w, si);
+                                si = __dp4a((int) wq[h][4], x1.x, si);
+                                si = __dp4a((int) wq[h][5], x1.y, si);
+                                si = __dp4a((int) wq[h][6], x1.z, si);
+                                si = __dp4a((int) wq[h][7], x1.w, si);
+                                const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, dq.y)) : (float) si;
+                                acc[m] = fmaf(__fmul_rn(dw[h], dq.x), sf, acc[m]);
+                            }
                         }
                     }
                 }
             } else {
-                for (int i = lane; i < t.ng; i += WARP_SIZE) {
-                    const int g = t.g0 + i;
+                for (int i = lane; i < ng; i += WARP_SIZE) {
+                    const int g = g0 + i;
                     float w[32];
-                    mk_deq32(base, jb.w.type, i, min(32, K - 32*g), w);
+                    mk_deq32(base, type, i, min(32, K - 32*g), w);
 #pragma unroll
                     for (int m = 0; m < MK_M; ++m) {
                         if (m < Mc) {
@@ -554,29 +587,33 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
             }
             __syncwarp(); // the stage is refilled MK_NS - 1 tiles later
 
-            const bool row_done = it.seg == tl[t.job].nseg - 1;
-            const int  sub = it.sub;
-            mk_it_next(mv, tl, it, t.job, nwarps);
+            const bool row_done = it.seg == MK_J(R, it.job, nseg) - 1;
+            const int  sub  = it.sub;
+            const int  oj   = R.pair ? 0 : it.job;   // the job whose output this row is
+            const int  orow = it.row;
+            mk_it_next(R, it);
             if (!row_done) {
                 continue;
             }
+            float * y = MK_J(R, oj, y);
+            const int   ldy = MK_J(R, oj, ldy);
+            const float cap = MK_J(R, oj, softcap);
 #pragma unroll
             for (int m = 0; m < MK_M; ++m) {
                 if (m < Mc) {
                     float s = mk_warp_sum(acc[m]);
                     acc[m] = 0.0f;
-                    if (mv.pair && sub == 0) {
+                    if (R.pair && sub == 0) {
                         gs[m] = s;
                         continue;
                     }
-                    if (mv.pair) {
+                    if (R.pair) {
                         s = __fmul_rn(mk_gelu(gs[m]), s);
-                    } else if (jb.softcap != 0.0f) {
-                        s = tanhf(s/jb.softcap)*jb.softcap;
+                    } else if (cap != 0.0f) {
+                        s = tanhf(s/cap)*cap;
                     }
                     if (lane == 0) {
-                        const mk_job & jo = mv.pair ? mv.jobs[0] : jb;
-                        jo.y[(size_t) (m0 + m)*jo.ldy + t.row] = s;
+                        y[(size_t) (m0 + m)*ldy + orow] = s;
                     }
                 }
             }
@@ -982,7 +1019,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         mk_mv_begin(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), ws);
         mk_grid_sync(a, MK_PH_EMBD);
         mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-        mk_mv_run(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), xi, M, eps, xs, ws, rs);
+        mk_mv_run(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), xi, M, eps, xs, ws, rs, a.prof);
         mk_mv_begin(mv_qkv(0), ws);
         mk_grid_sync(a, MK_PH_PL_PROJ);
         mk_pl_inputs(a, M);
@@ -1009,7 +1046,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         const ggml_mk_layer & L = md.layers[il];
 
         // Q, K, V of rmsnorm(x) * attn_norm
-        mk_mv_run(mv_qkv(il), xin_res(L.attn_norm), M, eps, xs, ws, rs);
+        mk_mv_run(mv_qkv(il), xin_res(L.attn_norm), M, eps, xs, ws, rs, a.prof);
         res_applied();
         mk_mv_begin(mv_one(L.wo, a.h, n, 0.0f), ws);
         mk_grid_sync(a, MK_PH_QKV);
@@ -1026,7 +1063,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
 
         {
             mk_xin xi = { MK_X_PLAIN, a.att, md.max_q, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-            mk_mv_run(mv_one(L.wo, a.h, n, 0.0f), xi, M, eps, xs, ws, rs);
+            mk_mv_run(mv_one(L.wo, a.h, n, 0.0f), xi, M, eps, xs, ws, rs, a.prof);
         }
         mk_mv ffn = {};
         ffn.jobs[0] = { L.ffn_gate, a.g, md.max_ff, 0.0f };
@@ -1039,14 +1076,14 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         res_scale = 1.0f;
 
         // gelu(gate) * up of rmsnorm(x) * ffn_norm, after the attention residual
-        mk_mv_run(ffn, xin_res(L.ffn_norm), M, eps, xs, ws, rs);
+        mk_mv_run(ffn, xin_res(L.ffn_norm), M, eps, xs, ws, rs, a.prof);
         res_applied();
         mk_mv_begin(mv_one(L.ffn_down, a.h, n, 0.0f), ws);
         mk_grid_sync(a, MK_PH_FFN);
 
         {
             mk_xin xi = { MK_X_PLAIN, a.g, md.max_ff, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-            mk_mv_run(mv_one(L.ffn_down, a.h, n, 0.0f), xi, M, eps, xs, ws, rs);
+            mk_mv_run(mv_one(L.ffn_down, a.h, n, 0.0f), xi, M, eps, xs, ws, rs, a.prof);
         }
         res_nw = L.ffn_post_norm;
         res_scale = ple ? 1.0f : L.out_scale;
@@ -1054,14 +1091,14 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         if (ple) {
             mk_mv_begin(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), ws);
             mk_grid_sync(a, MK_PH_DOWN);
-            mk_mv_run(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), xin_res(nullptr), M, eps, xs, ws, rs);
+            mk_mv_run(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), xin_res(nullptr), M, eps, xs, ws, rs, a.prof);
             res_applied();
             mk_mv_begin(mv_one(L.pl_proj, a.h, n, 0.0f), ws);
             mk_grid_sync(a, MK_PH_PL_GATE);
             {
                 mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
                               nullptr, nullptr, 1.0f, nullptr, nullptr };
-                mk_mv_run(mv_one(L.pl_proj, a.h, n, 0.0f), xi, M, eps, xs, ws, rs);
+                mk_mv_run(mv_one(L.pl_proj, a.h, n, 0.0f), xi, M, eps, xs, ws, rs, a.prof);
             }
             res_nw = L.pl_post_norm;
             res_scale = L.out_scale;
@@ -1075,7 +1112,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
     }
 
     // LM head of rmsnorm(x) * output_norm after the last residual, final softcap
-    mk_mv_run(mv_one(md.output, a.logits, md.n_vocab, md.softcap), xin_res(md.output_norm), M, eps, xs, ws, rs);
+    mk_mv_run(mv_one(md.output, a.logits, md.n_vocab, md.softcap), xin_res(md.output_norm), M, eps, xs, ws, rs, a.prof);
     if (a.prof) {
         mk_grid_sync(a, MK_PH_LM_HEAD);
     }

@@ -245,7 +245,7 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     mk->args.att_cnt  = (unsigned *) p;
     p += mk_align(M*max_head*sizeof(unsigned));
     if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE"); e && atoi(e) != 0) {
-        mk->prof_cap = 16 + 16*(size_t) model->n_layer;
+        mk->prof_cap = 64 + 64*(size_t) model->n_layer;   // entries: ~24 per layer (phase ends, waits, stagings)
         mk->h_prof.resize(1 + 2*mk->prof_cap);
         MK_TRY(cudaMalloc(&mk->d_prof, mk->h_prof.size()*sizeof(unsigned long long)), "profile buffer");
         MK_TRY(cudaEventCreate(&mk->ev[0]), "profile event");
@@ -276,13 +276,14 @@ void ggml_cuda_mk_free(void * h) {
         static const char * names[MK_PH_COUNT] = {
             "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
             "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head",
+            "(input staging, all)", "(barrier waits, all)",
         };
         double tot = 0.0;
         for (int i = 0; i < MK_PH_COUNT; ++i) {
             tot += mk->prof_ns[i];
         }
         fprintf(stderr, "llama_mk profile: %d one-token steps: kernel %.1f us, whole step (upload, launch, logits) %.1f us; "
-                "phases as block 0 saw them (each includes its barrier wait):\n", mk->prof_steps,
+                "phases as block 0 saw them (its own work; staging and barrier waits apart):\n", mk->prof_steps,
                 1e3*mk->prof_kernel_ms/mk->prof_steps, 1e3*mk->prof_step_ms/mk->prof_steps);
         for (int i = 1; i < MK_PH_COUNT; ++i) {
             if (mk->prof_ns[i] > 0) {
