@@ -357,6 +357,7 @@ MK_DEVICE_FN void mk_col_rms(const float * g, int ldg, const float * xs, int KG,
     const int lane = threadIdx.x % WARP_SIZE;
     for (int m = 0; m < Mc; ++m) {
         float ss = 0.0f;
+#pragma unroll 4
         for (int k = threadIdx.x; k < K; k += MK_THREADS) {
             const float t = g ? mk_ldcg(g + (size_t) m*ldg + k) : xs[mk_xs_at(KG, m, k)];
             ss = fmaf(t, t, ss);
@@ -894,13 +895,24 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
         if (done != (unsigned) nch - 1) {
             continue;
         }
-        // the last chunk of (m, h): combine all of them in chunk order
+        // the last chunk of (m, h): combine all of them in chunk order. The chunk headers are read one per
+        // lane; then every chunk's loads are issued unconditionally (4 chunks in flight) and only the
+        // arithmetic skips empty chunks, so the result does not depend on how many empty chunks follow
         __threadfence();
         float gm = -INFINITY;
-        for (int k = 0; k < nch; ++k) {
-            if (mk_ldcg(part + (size_t) k*PS + 1) > 0.0f) {
-                gm = fmaxf(gm, mk_ldcg(part + (size_t) k*PS));
+        for (int k0 = 0; k0 < nch; k0 += WARP_SIZE) {
+            const int k = k0 + lane;
+            if (k < nch) {
+                const float lk = mk_ldcg(part + (size_t) k*PS + 1);
+                const float mk = mk_ldcg(part + (size_t) k*PS);
+                if (lk > 0.0f) {
+                    gm = fmaxf(gm, mk);
+                }
             }
+        }
+#pragma unroll
+        for (int o = WARP_SIZE/2; o > 0; o >>= 1) {
+            gm = fmaxf(gm, __shfl_xor_sync(0xffffffff, gm, o));
         }
         float gl = 0.0f;
 #pragma unroll
@@ -908,20 +920,26 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
             a0[i] = 0.0f;
             a1[i] = 0.0f;
         }
+#pragma unroll 4
         for (int k = 0; k < nch; ++k) {
             const float * Pk = part + (size_t) k*PS;
             const float lk = mk_ldcg(Pk + 1);
+            const float mk = mk_ldcg(Pk);
+            float c0[NP], c1[NP];
+#pragma unroll
+            for (int i = 0; i < NP; ++i) {
+                c0[i] = i < np ? mk_ldcg(Pk + 4 + 2*lane + 64*i)     : 0.0f;
+                c1[i] = i < np ? mk_ldcg(Pk + 4 + 2*lane + 64*i + 1) : 0.0f;
+            }
             if (!(lk > 0.0f)) {
                 continue;
             }
-            const float w = expf(mk_ldcg(Pk) - gm);
+            const float w = expf(mk - gm);
             gl = fmaf(lk, w, gl);
 #pragma unroll
             for (int i = 0; i < NP; ++i) {
-                if (i < np) {
-                    a0[i] = fmaf(w, mk_ldcg(Pk + 4 + 2*lane + 64*i),     a0[i]);
-                    a1[i] = fmaf(w, mk_ldcg(Pk + 4 + 2*lane + 64*i + 1), a1[i]);
-                }
+                a0[i] = fmaf(w, c0[i], a0[i]);
+                a1[i] = fmaf(w, c1[i], a1[i]);
             }
         }
         float * out = a.att + (size_t) m*a.m->max_q + h*hd;
