@@ -12,9 +12,10 @@
 # warm machine keeps /tmp/stq-cuda/{src,build}, so a second call within that window skips the build):
 #   run(command="bash harness/cuda_device.sh remote all", carry=[".dev"], timeout_s=600)
 #       stages (any subset, in this order): build test sanitize bench ncu rpc  ("all" = build test sanitize bench)
-#       mmv (issue 17): the STQ1_0 cp.async mat-vec kernel: batch invariance and test-backend-ops MUL_MAT /
-#       MUL_MAT_ID with it and with mmvq, then bench_cuda.py new/old/old/new (GGML_CUDA_STQ1_0_MMV=1/0) and the
-#       one-column variants (STQ_MMV_VARIANTS, default "r2 r8 w2 s2 s8"; STQ_MMV_ROUNDS, default 5;
+#       mmv (issue 17): the STQ1_0 cp.async mat-vec kernel: batch invariance (default dispatch: MUL_MAT on the
+#       kernel, MUL_MAT_ID on mmvq; and GGML_CUDA_STQ1_0_MMV=id: both on the kernel) and test-backend-ops MUL_MAT /
+#       MUL_MAT_ID with it (id) and with mmvq (0), then bench_cuda.py new/old/old/new (GGML_CUDA_STQ1_0_MMV=id/0,
+#       so the routed case compares the kernels too) and the one-column variants (STQ_MMV_VARIANTS, default "r2 r8 w2 s2 s8"; STQ_MMV_ROUNDS, default 5;
 #       STQ_MMV_SANITIZE=1 adds memcheck) -> mmv.log, mmv-ab*.json (4 files); about 4 minutes after the build
 #       rpc: its own -DGGML_RPC=ON build; test-backend-ops -b RPC0 against a CUDA rpc-server on loopback
 #       (STQ_RPC_MODEL=FILE.gguf on the device adds harness/bench_rpc.py: CUDA local vs through rpc;
@@ -181,14 +182,17 @@ remote() {
             ;;
         mmv)
             # issue 17 (patch 0031): the STQ1_0 cp.async mat-vec kernel. Correctness first (batch invariance,
-            # test-backend-ops MUL_MAT / MUL_MAT_ID), then the kernel against mmvq (GGML_CUDA_STQ1_0_MMV=0) in
+            # test-backend-ops MUL_MAT / MUL_MAT_ID), then the kernel for both ops (GGML_CUDA_STQ1_0_MMV=id; by default
+            # MUL_MAT_ID keeps mmvq) against mmvq (GGML_CUDA_STQ1_0_MMV=0) in
             # processes ordered new old old new, each timing stq1_0 and q4_0 in turn (the ratio to Q4_0 comes from
             # one process), then the one-column variants (r2 r8 w2 s2 s8) on the n = 1 cases
             {
-                echo "== $(date -u +%FT%TZ) mmv: batch invariance (new kernel)"
+                echo "== $(date -u +%FT%TZ) mmv: batch invariance (default: MUL_MAT new kernel, MUL_MAT_ID mmvq)"
                 "$bld/bin/test-mul-mat-batch-invariance" -b CUDA0 -t stq1_0 || echo "!! stq1_0 batch invariance FAILED"
-                echo "== $(date -u +%FT%TZ) mmv: test-backend-ops MUL_MAT / MUL_MAT_ID -p stq1_0 (new kernel, then mmvq)"
-                for mode in 1 0; do
+                echo "== $(date -u +%FT%TZ) mmv: batch invariance (GGML_CUDA_STQ1_0_MMV=id: new kernel for both)"
+                GGML_CUDA_STQ1_0_MMV=id "$bld/bin/test-mul-mat-batch-invariance" -b CUDA0 -t stq1_0 || echo "!! stq1_0 batch invariance (id) FAILED"
+                echo "== $(date -u +%FT%TZ) mmv: test-backend-ops MUL_MAT / MUL_MAT_ID -p stq1_0 (new kernel for both, then mmvq)"
+                for mode in id 0; do
                     for op in MUL_MAT MUL_MAT_ID; do
                         echo "-- GGML_CUDA_STQ1_0_MMV=$mode $op"
                         GGML_CUDA_STQ1_0_MMV=$mode "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'stq1_0|tests passed|FAIL|not supported' | grep -v ': OK$' | tail -20 || true
@@ -197,12 +201,12 @@ remote() {
                 if [ -n "${STQ_MMV_SANITIZE:-}" ]; then
                     echo "== $(date -u +%FT%TZ) mmv: compute-sanitizer memcheck, MUL_MAT / MUL_MAT_ID -p stq1_0"
                     for op in MUL_MAT MUL_MAT_ID; do
-                        compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+                        GGML_CUDA_STQ1_0_MMV=id compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
                             "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'ERROR SUMMARY|tests passed|Invalid|out of bounds' | head -10 || echo "!! memcheck: $op reported errors"
                     done
                 fi
                 local i=0
-                for mode in 1 0 0 1; do
+                for mode in id 0 0 id; do
                     i=$((i + 1))
                     echo "== $(date -u +%FT%TZ) mmv: A/B process $i: GGML_CUDA_STQ1_0_MMV=$mode"
                     (cd "$HERE" && GGML_CUDA_STQ1_0_MMV=$mode python3 harness/bench_cuda.py --build "$bld" --types stq1_0,q4_0 \
@@ -227,16 +231,16 @@ for f in sorted(glob.glob(sys.argv[1] + "/mmv-ab*-mode*.json")):
     for r in d["results"]:
         runs.setdefault((r["case"], mode, r["type"]), []).append(r)
 cp = statistics.median(copy) if copy else float("nan")
-print(f"copy {cp:.0f} GB/s; new = GGML_CUDA_STQ1_0_MMV=1 (mmv-stq1_0.cu), old = 0 (mmvq)")
+print(f"copy {cp:.0f} GB/s; new = GGML_CUDA_STQ1_0_MMV=id (mmv-stq1_0.cu for MUL_MAT and MUL_MAT_ID), old = 0 (mmvq)")
 print(f"{'case':32s} {'new us':>8s} {'old us':>8s} {'new/old':>8s} {'new %copy':>9s} {'new/q4_0':>9s} {'old/q4_0':>9s}")
 for case in dict.fromkeys(c for c, _, _ in runs):
     def med(mode, t, key):
         rs = runs.get((case, mode, t), [])
         return statistics.median(r[key] for r in rs) if rs else float("nan")
-    new, old = med("1", "stq1_0", "median_us"), med("0", "stq1_0", "median_us")
-    gbs = med("1", "stq1_0", "gbs")
+    new, old = med("id", "stq1_0", "median_us"), med("0", "stq1_0", "median_us")
+    gbs = med("id", "stq1_0", "gbs")
     # ratio_vs_candidate of the q4_0 row = median over rounds of stq1_0/q4_0 within one process
-    rn, ro = med("1", "q4_0", "ratio_vs_candidate"), med("0", "q4_0", "ratio_vs_candidate")
+    rn, ro = med("id", "q4_0", "ratio_vs_candidate"), med("0", "q4_0", "ratio_vs_candidate")
     print(f"{case:32s} {new:8.2f} {old:8.2f} {new/old:8.3f} {100*gbs/cp:8.0f}% {rn:9.3f} {ro:9.3f}")
 PYEOF
                 echo "== $(date -u +%FT%TZ) mmv: done"

@@ -6,7 +6,8 @@ emulation of cuda_hostemu/stq1_0_mmv_emu.cpp (each CUDA thread a fiber, real bar
 visible only at its wait_group), and the results are compared with ggml's CPU dequantization on random weights:
 MUL_MAT 1..8 columns incl. odd row counts, channel/sample broadcasting and 6144x2048; MUL_MAT_ID with broadcast
 and per-slot activations incl. 16 experts of 6144x2048 top-8; every column / token bit-identical to its
-one-column / one-token product. A planted bug must make it fail.
+one-column / one-token product. A planted bug must make it fail. The dispatch: by default MUL_MAT takes the
+kernel and MUL_MAT_ID keeps mmvq (GGML_CUDA_STQ1_0_MMV=id: both, 0: neither), for every column / token count.
 """
 import os
 import re
@@ -100,6 +101,16 @@ def test_cuda_mmv_stq1_0_variants(mmv_exe, variant):
     assert r.returncode == 0 and r.stdout.rstrip().splitlines()[-1].startswith("OK"), r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("mode", [None, "1", "id", "0", "r8", "s8", "bogus"])
+def test_cuda_mmv_stq1_0_dispatch(mmv_exe, mode):
+    env = {k: v for k, v in os.environ.items() if k != "GGML_CUDA_STQ1_0_MMV"}
+    if mode is not None:
+        env["GGML_CUDA_STQ1_0_MMV"] = mode
+    r = subprocess.run([str(mmv_exe), "dispatch"], capture_output=True, text=True, timeout=120, env=env)
+    print(r.stdout.strip())
+    assert r.returncode == 0 and r.stdout.rstrip().splitlines()[-1].startswith("OK"), r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("mutation", [
     ("stq1_0_mmv_cp_async_wait<nstages - 1>()", "stq1_0_mmv_cp_async_wait<nstages>()"),  # waits one tile short
     ("+ blk*sizeof(block_stq1_0)", "+ blk*40"),                                             # wrong block offset
@@ -109,6 +120,7 @@ def test_cuda_mmv_stq1_0_variants(mmv_exe, variant):
     ("a.stride_kb_y  = ne11;", "a.stride_kb_y  = 1;"),                                        # mmq layout stride lost
     ("src[n] = x + min(r, last_row)*stride_row_x", "src[n] = x + r*stride_row_x"),           # copies past the last row
     ("min(128*(k - r*nlines), nbytes - 1)", "128*(k - r*nlines)"),                            # prefetch past the tiles
+    ("(mul_mat_id && mode == STQ1_0_MMV_MUL_MAT)", "(false)"),                               # MUL_MAT_ID takes it by default
 ])
 def test_cuda_mmv_stq1_0_emulation_can_fail(tmp_path, cpu_build, mmv_code, mutation):
     src, vecdot, mmv = mmv_code

@@ -275,7 +275,7 @@ struct ggml_cuda_pool_alloc {
     ggml_cuda_pool_alloc(void *, size_t n) : v(n + 64) {}
     T * get() { return v.data(); }
 };
-static bool cp_async_available(int) { return true; }
+static bool cp_async_available(int cc) { return cc >= 800; } // NVIDIA Ampere and newer
 
 // q8_1 of one 32-value block as mmq's quantizer computes it (d = 1/(127/amax), q = round(x*127/amax));
 // ds.y = d*sum(q) instead of the float sum (exact up to fp16) so that the check can be tight
@@ -380,7 +380,7 @@ static void check_mul_mat(int64_t K, int64_t M, int64_t N, int64_t ne02 = 1, int
     ggml_tensor * d = ggml_mul_mat(ctx, w, x);
     fill_stq1_0(w);
     fill_f32(x);
-    if (!ggml_cuda_should_use_mmv_stq1_0(w, x, 900)) { printf("FAIL: %lldx%lld not taken by the kernel\n", (long long) K, (long long) M); g_fail++; return; }
+    if (!ggml_cuda_should_use_mmv_stq1_0(w, x, false, 900)) { printf("FAIL: %lldx%lld not taken by the kernel\n", (long long) K, (long long) M); g_fail++; return; }
     ggml_backend_cuda_context cctx;
     emu_call(cctx, w, x, nullptr, d);
     char what[128];
@@ -424,7 +424,9 @@ static void check_mul_mat(int64_t K, int64_t M, int64_t N, int64_t ne02 = 1, int
     ggml_free(ctx);
 }
 
-// MUL_MAT_ID: n_exp experts of K x M, n_used per token, T tokens; src1 K x ne11 x T (ne11 = 1: broadcast)
+// MUL_MAT_ID: n_exp experts of K x M, n_used per token, T tokens; src1 K x ne11 x T (ne11 = 1: broadcast).
+// Calls the kernel's host function directly: on a GPU MUL_MAT_ID takes it only with GGML_CUDA_STQ1_0_MMV=id
+// (or a variant), see check_dispatch
 static void check_mul_mat_id(int64_t K, int64_t M, int64_t n_exp, int64_t n_used, int64_t T, int64_t ne11) {
     ggml_context * ctx = new_ctx(16 + (size_t) (K*M*n_exp/256*42 + 4*K*ne11*T*2 + 4*M*n_used*T*2) / (1 << 20) * 2);
     ggml_tensor * w   = ggml_new_tensor_3d(ctx, GGML_TYPE_STQ1_0, K, M, n_exp);
@@ -486,10 +488,36 @@ static void check_not_taken() {
     ggml_tensor * v  = ggml_view_2d(ctx, w2, 2048, 2, w2->nb[1], w2->nb[1]/2 + 1); // misaligned data
     ggml_tensor * x  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, 3);
     ggml_tensor * xv = ggml_view_2d(ctx, x, 2048, 2, x->nb[1] - 4, 4); // activations not 16-byte aligned
-    if (ggml_cuda_should_use_mmv_stq1_0(w, x, 900) || ggml_cuda_should_use_mmv_stq1_0(v, x, 900) ||
-        ggml_cuda_should_use_mmv_stq1_0(w2, xv, 900) || !ggml_cuda_should_use_mmv_stq1_0(w2, x, 900)) {
-        printf("FAIL: ggml_cuda_should_use_mmv_stq1_0 is wrong for 2560-wide rows, misaligned views or 2048-wide rows\n");
+    if (ggml_cuda_should_use_mmv_stq1_0(w, x, false, 900) || ggml_cuda_should_use_mmv_stq1_0(v, x, false, 900) ||
+        ggml_cuda_should_use_mmv_stq1_0(w2, xv, false, 900) || ggml_cuda_should_use_mmv_stq1_0(w, x, true, 900) ||
+        ggml_cuda_should_use_mmv_stq1_0(w2, x, false, 700)) { // Volta: no cp.async
+        printf("FAIL: ggml_cuda_should_use_mmv_stq1_0 takes 2560-wide rows, misaligned views or a GPU without cp.async\n");
         g_fail++;
+    }
+    ggml_free(ctx);
+}
+
+// which ops take the kernel for GGML_CUDA_STQ1_0_MMV (read once per process): unset/1 MUL_MAT only (MUL_MAT_ID
+// keeps mmvq), id and the variants both, 0 neither; an unknown value is the default. The answer must not depend
+// on the number of columns or tokens (batch invariance: decode and verify take the same kernel).
+static void check_dispatch() {
+    const char * e = getenv("GGML_CUDA_STQ1_0_MMV");
+    const std::string mode = e ? e : "";
+    const bool want_mm = mode != "0";
+    const bool want_id = mode == "id" || mode == "r2" || mode == "r8" || mode == "w2" || mode == "s2" || mode == "s8";
+    ggml_context * ctx = new_ctx(16);
+    ggml_tensor * w = ggml_new_tensor_3d(ctx, GGML_TYPE_STQ1_0, 2048, 4, 6);
+    for (int n = 1; n <= 8; ++n) {
+        ggml_tensor * x   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, n);    // MUL_MAT: n columns
+        ggml_tensor * xid = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 2048, 1, n); // MUL_MAT_ID: n tokens
+        const bool mm = ggml_cuda_should_use_mmv_stq1_0(w, x, false, 900);
+        const bool id = ggml_cuda_should_use_mmv_stq1_0(w, xid, true, 900);
+        if (mm != want_mm || id != want_id) {
+            printf("FAIL: GGML_CUDA_STQ1_0_MMV=%s n=%d: MUL_MAT %s, MUL_MAT_ID %s the kernel (expected %s, %s)\n",
+                e ? e : "(unset)", n, mm ? "takes" : "skips", id ? "takes" : "skips",
+                want_mm ? "takes" : "skips", want_id ? "takes" : "skips");
+            g_fail++;
+        }
     }
     ggml_free(ctx);
 }
@@ -497,6 +525,16 @@ static void check_not_taken() {
 int main(int argc, char ** argv) {
     const std::string set = argc > 1 ? argv[1] : "quick";
     g_eager = getenv("EMU_CP_EAGER") && atoi(getenv("EMU_CP_EAGER"));
+    check_dispatch();
+    if (set == "dispatch") {
+        printf("%s: %d failures (dispatch, GGML_CUDA_STQ1_0_MMV=%s)\n", g_fail ? "FAIL" : "OK", g_fail,
+            getenv("GGML_CUDA_STQ1_0_MMV") ? getenv("GGML_CUDA_STQ1_0_MMV") : "(unset)");
+        return g_fail != 0;
+    }
+    if (getenv("GGML_CUDA_STQ1_0_MMV") && strcmp(getenv("GGML_CUDA_STQ1_0_MMV"), "0") == 0) {
+        printf("FAIL: the sets other than dispatch need the kernel (GGML_CUDA_STQ1_0_MMV=0)\n");
+        return 1;
+    }
     check_not_taken();
     if (set == "quick" || set == "full") {
         check_mul_mat(2048, 4, 1);
