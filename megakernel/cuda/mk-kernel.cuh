@@ -423,7 +423,8 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     __syncthreads();
     if (x.nw) {
         mk_col_rms(nullptr, 0, xs, KG, K, Mc, eps, red, rs + MK_M);
-        for (int i = threadIdx.x; i < Mc*K; i += MK_THREADS) {
+#pragma unroll 4
+        for (int i = threadIdx.x; i < Mc*K; i += MK_THREADS) {   // (the norm weights: global loads, 4 in flight)
             const int m = i / K;
             const int k = i % K;
             float & t = xs[mk_xs_at(KG, m, k)];
