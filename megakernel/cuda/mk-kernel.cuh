@@ -84,7 +84,11 @@ struct mk_args {
 enum mk_phase {
     MK_PH_START = 0, MK_PH_EMBD, MK_PH_PL_PROJ, MK_PH_PL_IN, MK_PH_QKV, MK_PH_HEADS, MK_PH_ATTN, MK_PH_WO,
     MK_PH_FFN, MK_PH_DOWN, MK_PH_PL_GATE, MK_PH_PL_LAYER, MK_PH_LM_HEAD,
-    MK_PH_STAGE,   // staging of a mat-vec's inputs (block 0's; counted out of the mat-vec phases)
+    MK_PH_ST_RMS,  // staging of a mat-vec's inputs (block 0's; counted out of the mat-vec phases):
+    MK_PH_ST_LOAD, //   rms of the pending residual, the loads (+ residual), the norm, the 8-bit rounding,
+    MK_PH_ST_NORM, //   the rest
+    MK_PH_ST_Q8,
+    MK_PH_STAGE,
     MK_PH_WAIT,    // grid barrier waits (block 0 done until all blocks are)
     MK_PH_COUNT,
 };
@@ -398,11 +402,13 @@ MK_DEVICE float mk_x_in(const mk_xin & x, int K, int m, int mm, int k, const flo
 }
 
 // stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8
-MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8, float * rs) {
+MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8, float * rs,
+                           unsigned long long * prof) {
     MK_SHARED(float, red, MK_WARPS*MK_M);
     const int KG = mk_kg(K);
     if (x.res_h) {
         mk_col_rms(x.res_h + (size_t) m0*x.lda, x.lda, nullptr, KG, K, Mc, eps, red, rs);
+        mk_prof_at(prof, MK_PH_ST_RMS);
     }
     const int n = Mc*KG*32;
     for (int i0 = threadIdx.x; i0 < n; i0 += 4*MK_THREADS) {
@@ -421,6 +427,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         }
     }
     __syncthreads();
+    mk_prof_at(prof, MK_PH_ST_LOAD);
     if (x.nw) {
         mk_col_rms(nullptr, 0, xs, KG, K, Mc, eps, red, rs + MK_M);
 #pragma unroll 4
@@ -431,6 +438,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             t = __fmul_rn(__fmul_rn(t, rs[MK_M + m]), x.nw[k]);
         }
         __syncthreads();
+        mk_prof_at(prof, MK_PH_ST_NORM);
     }
     if (q8) {
         const int warp = threadIdx.x / WARP_SIZE;
@@ -453,6 +461,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             }
         }
         __syncthreads();
+        mk_prof_at(prof, MK_PH_ST_Q8);
     }
 }
 
@@ -480,7 +489,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
         if (m0 > 0) {
             mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
         }
-        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, rs);
+        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, rs, m0 == 0 ? prof : nullptr);
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
         }

@@ -276,7 +276,8 @@ void ggml_cuda_mk_free(void * h) {
         static const char * names[MK_PH_COUNT] = {
             "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
             "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head",
-            "(input staging, all)", "(barrier waits, all)",
+            "(staging: rms of h)", "(staging: loads)", "(staging: norm)", "(staging: 8-bit)", "(staging: rest)",
+            "(barrier waits, all)",
         };
         double tot = 0.0;
         for (int i = 0; i < MK_PH_COUNT; ++i) {
