@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from . import build as buildmod
-from . import models, server
+from . import models, presets, server
 from .util import HarnessError
 
 
@@ -24,6 +26,8 @@ def cmd_model(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    if args.action != "start" and (args.preset or args.dry_run):
+        raise HarnessError(f"--preset and --dry-run are for `serve start`, not `serve {args.action}`")
     if args.action == "status":
         name = server.resolve_name(args.name)
         info = server.status(name)
@@ -37,22 +41,45 @@ def cmd_serve(args) -> int:
         if not server.stop(server.resolve_name(args.name)):
             print("not running")
         return 0
+    if args.dry_run:  # stdout gets only the command line; the harness's progress lines go to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            cmd = _serve_command(args)
+        print(shlex.join(cmd))
+        return 0
     live = server.running_servers()
     if live:  # one user server at a time (tests and the demo use ephemeral ones beside it)
         cur = live[0]
         raise HarnessError(f"a server '{cur['name']}' is already running (pid {cur['pid']}, port {cur['port']}, "
                            f"log {cur['log']}); one at a time: stop it first (./RUNBOOK.sh stop)")
-    model = Path(args.model) if args.model else models.ensure_gemma()
-    if args.rpc:  # scale-out: rpc-capable build, endpoints checked (reachable, same protocol) first
-        from . import rpc
-        binary = Path(args.binary) if args.binary else rpc.build_with_rpc(args.backend) / "bin" / "llama-server"
-        rpc.check_endpoints(args.rpc)
-        args.server_args = ["--rpc", args.rpc, *args.server_args]
-    else:
-        binary = Path(args.binary) if args.binary else _server_binary(args.backend)
+    model, binary = _serve_inputs(args)
     info = server.start(binary, model, args.port, args.host, args.server_args, name=args.name or "server")
     print(f"http://{info['host']}:{info['port']}  (pid {info['pid']}, log {info['log']})")
     return 0
+
+
+def _serve_inputs(args) -> tuple[Path, Path]:
+    """(model, llama-server binary) for `serve start`; args.server_args gets the preset's flags and
+    --rpc in front of the user's (harness/presets.py: the order, and which preset flags a user flag
+    replaces). Preset files are resolved before anything is built."""
+    if args.preset:
+        from . import presets
+        model, args.server_args = presets.resolve(args.preset, args.backend, args.server_args)
+    else:
+        model = Path(args.model) if args.model else models.ensure_gemma()
+    if args.rpc:  # scale-out: rpc-capable build, endpoints checked (reachable, same protocol) first
+        from . import rpc
+        binary = Path(args.binary) if args.binary else rpc.build_with_rpc(args.backend) / "bin" / "llama-server"
+        if not args.dry_run:
+            rpc.check_endpoints(args.rpc)
+        args.server_args = ["--rpc", args.rpc, *args.server_args]
+    else:
+        binary = Path(args.binary) if args.binary else _server_binary(args.backend)
+    return model, binary
+
+
+def _serve_command(args) -> list[str]:
+    model, binary = _serve_inputs(args)
+    return server.command(binary, model, args.port, args.host, args.server_args, quiet=True)
 
 
 # The 270M base model was not trained on chat turns: asked a bare question through Gemma's turn format it
@@ -124,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("serve", help="start / stop / status of one llama-server (pid + log in the cache)")
     p.add_argument("action", choices=["start", "stop", "status"])
-    p.add_argument("--model", help="GGUF to serve (default: the Gemma 3 270M from PyPI)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--model", help="GGUF to serve (default: the Gemma 3 270M from PyPI)")
+    which.add_argument("--preset", choices=list(presets.SERVE_PRESETS), metavar="NAME",
+                       help="serve a model downloaded by `stq-metal model pull` with its flags (list below)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the llama-server command line (shell-quoted, on stdout) and exit; starts nothing")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; a busy port is refused)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--backend", default=buildmod.default_backend(), choices=buildmod.BACKENDS,
@@ -136,7 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rpc", metavar="HOST:PORT[,...]",
                    help="ggml-rpc servers whose devices llama-server uses (see `stq-metal rpc plan`)")
     p.set_defaults(func=cmd_serve, server_args=[])
-    p.epilog = "Arguments after `--` go to llama-server unchanged, e.g. `serve start -- -c 4096 -ngl 99`."
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = ("presets (start --preset NAME; files from `stq-metal model pull NAME`; -ngl 99 unless --backend "
+                "cpu):\n" + presets.help_lines() + "\n\n"
+                "Arguments after `--` go to llama-server, e.g. `serve start -- -c 4096 -ngl 99`. Order: -m MODEL\n"
+                "--host --port --jinja, the Gemma chat template (Gemma GGUFs without one), the preset's flags, your\n"
+                "arguments. A preset flag whose option you pass after `--` (any spelling: -c/--ctx-size) is left out,\n"
+                "so yours wins; the rest of yours is appended. --preset with --model is an error.")
 
     p = sub.add_parser("demo", help="build, fetch the model, serve it with --jinja, print a chat completion")
     p.epilog = ("The default model, Gemma 3 270M from PyPI, is a base model without a chat template; the "

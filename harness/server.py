@@ -123,12 +123,10 @@ def status(name: str = "server") -> dict | None:
     return info
 
 
-def start(binary: Path, model: Path, port: int = 8080, host: str = "127.0.0.1", args: list[str] | None = None,
-          name: str = "server", timeout: float = 180.0, chat_template: str | None = "auto",
-          ephemeral: bool = False) -> dict:
-    """Start llama-server --jinja on `model`. The model is checked first (models.check_gguf: a
-    truncated file is named with the byte where it ends). chat_template "auto" adds Gemma's turn
-    format for a Gemma GGUF without its own template (models.chat_template_args); None adds nothing."""
+def command(binary: Path, model: Path, port: int = 8080, host: str = "127.0.0.1", args: list[str] | None = None,
+            chat_template: str | None = "auto", quiet: bool = False) -> list[str]:
+    """The llama-server command line start() runs: `-m MODEL --host H --port P --jinja`, the chat
+    template arguments (see start), then `args`. Checks the binary and the model (models.check_gguf)."""
     binary, model = Path(binary), Path(model)
     if not binary.exists():
         raise HarnessError(f"llama-server binary not found: {binary} (build it: python harness/build.py --build)")
@@ -138,9 +136,20 @@ def start(binary: Path, model: Path, port: int = 8080, host: str = "127.0.0.1", 
     args = list(args or [])
     if chat_template == "auto":
         tmpl = models.chat_template_args(layout, args)
-        if tmpl:
+        if tmpl and not quiet:
             say(f"{model.name} has no chat template: using Gemma's turn format ({Path(tmpl[-1]).name})")
         args = tmpl + args
+    return [str(binary), "-m", str(model), "--host", host, "--port", str(port), "--jinja", *args]
+
+
+def start(binary: Path, model: Path, port: int = 8080, host: str = "127.0.0.1", args: list[str] | None = None,
+          name: str = "server", timeout: float = 180.0, chat_template: str | None = "auto",
+          ephemeral: bool = False) -> dict:
+    """Start llama-server --jinja on `model`. The model is checked first (models.check_gguf: a
+    truncated file is named with the byte where it ends). chat_template "auto" adds Gemma's turn
+    format for a Gemma GGUF without its own template (models.chat_template_args); None adds nothing."""
+    cmd = command(binary, model, port, host, args, chat_template)
+    binary, model = Path(binary), Path(model)
     cur = status(name)
     if cur:
         raise HarnessError(f"a server '{name}' is already running (pid {cur['pid']}, port {cur['port']}, "
@@ -150,7 +159,6 @@ def start(binary: Path, model: Path, port: int = 8080, host: str = "127.0.0.1", 
                            f"(choose another with --port)")
     config.run_dir().mkdir(parents=True, exist_ok=True)
     log = config.run_dir() / f"{name}.log"
-    cmd = [str(binary), "-m", str(model), "--host", host, "--port", str(port), "--jinja", *args]
     with open(log, "w") as lf:
         lf.write("$ " + " ".join(cmd) + "\n")
         lf.flush()
