@@ -130,12 +130,10 @@ def _assert_close(cpu, other, label: str) -> None:
         assert worst <= LOGPROB_TOL
 
 
-# Known bug, found by this test's first run (2026-11-30, lead): metal-emu's llama-server aborts at start
-# on the hy_v4 graph: "ggml_metal_buffer_get_id: metal-emu: tensor ' (view) (view)' is not inside its
-# buffer", then SIGSEGV (exit -11). Strict: the day it passes, this marker must go (issue 15).
-@pytest.mark.xfail(strict=True, raises=HarnessError,
-                   reason="metal-emu: a hy_v4 view lies outside its buffer at server start "
-                   "(ggml_metal_buffer_get_id), then SIGSEGV; issue 15, not fixed yet")
+# Issue 15 (fixed 2026-11-30): metal-emu's llama-server aborted at start on this graph ("ggml_metal_buffer_get_id:
+# tensor ' (view) (view)' is not inside its buffer", SIGSEGV): the scheduler ran the DSA mask's SET_ROWS on MTL0
+# while its destination, a view of an F16 FILL, lived in the CPU compute buffer (patch 0064); then the MoE-reduce
+# fusion needed kernels/argsort.metal, which the emulator did not translate (emu.cmake EMU_FUSION_DEPS)
 def test_metal_emu_matches_cpu(metal_emu_build, hy4):
     bin_dir = Path(metal_emu_build) / "bin"
     if not (bin_dir / "llama-server").exists():

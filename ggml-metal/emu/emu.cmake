@@ -4,7 +4,8 @@
 # sources are not copied into the llama.cpp tree).
 #
 # Options:
-#   GGML_METAL_EMU_KERNELS   list of kernels/<name>.metal files to translate (default: all)
+#   GGML_METAL_EMU_KERNELS   list of kernels/<name>.metal files to translate (default: all); files
+#                            holding fused kernels for ops of a listed file are added (EMU_FUSION_DEPS)
 #   GGML_METAL_EMU_SANITIZE  build the kernels and the runtime with -fsanitize=address,undefined
 #   GGML_METAL_EMU_STRICT_ALIGN  natural (GPU) alignment for vector types, reported by checked casts
 #   GGML_METAL_EMU_BF16      translate the bfloat kernels (GGML_METAL_HAS_BF16, as for a Metal 3.1
@@ -51,13 +52,31 @@ set(EMU_KERNEL_DEPS
     ${CMAKE_CURRENT_SOURCE_DIR}/ggml-metal-impl.h
     ${EMU_DIR}/msl2cpp.py)
 
+# kernels that the host code's fusions (ggml-metal-fusion.cpp) encode for ops of another file: a
+# selection with the ops must translate the fused kernel's file too, or the first fused graph aborts
+# ("kernel ... is not in the translated kernel set"). supports_op cannot decline a fusion.
+#   binbcast -> argsort: MUL + expert VIEWs + ADD chain -> kernel_moe_reduce_f32 (MoE output reduction)
+set(EMU_FUSION_DEPS binbcast:argsort)
+set(EMU_KERNELS_SEL ${GGML_METAL_EMU_KERNELS})
+if (EMU_KERNELS_SEL)
+    foreach(dep ${EMU_FUSION_DEPS})
+        string(REPLACE ":" ";" kv ${dep})
+        list(GET kv 0 kops)
+        list(GET kv 1 kfused)
+        if (kops IN_LIST EMU_KERNELS_SEL AND NOT kfused IN_LIST EMU_KERNELS_SEL)
+            message(STATUS "metal-emu: translating kernels/${kfused}.metal too (fused kernels for ops of ${kops})")
+            list(APPEND EMU_KERNELS_SEL ${kfused})
+        endif()
+    endforeach()
+endif()
+
 set(EMU_GEN_SRCS "")
 set(EMU_INDEX_ITEMS "")
 foreach(item ${EMU_ALL_KERNELS})
     string(REPLACE ":" ";" kv ${item})
     list(GET kv 0 kname)
     list(GET kv 1 kparts)
-    if (GGML_METAL_EMU_KERNELS AND NOT kname IN_LIST GGML_METAL_EMU_KERNELS)
+    if (EMU_KERNELS_SEL AND NOT kname IN_LIST EMU_KERNELS_SEL)
         continue()
     endif()
     list(APPEND EMU_INDEX_ITEMS "${kname}:${kparts}")
