@@ -36,7 +36,7 @@ struct ggml_mk_weight {
     int32_t      type;   // enum ggml_type
     int32_t      ne0;    // inputs (row length)
     int32_t      ne1;    // outputs (rows)
-    int32_t      pad;
+    int32_t      b256;   // bytes of 256 consecutive values (ggml_row_size(type, 256))
     uint64_t     nb1;    // row stride in bytes
 };
 

@@ -150,6 +150,7 @@ struct llama_mk_builder {
         w.ne0  = (int32_t) t->ne[0];
         w.ne1  = (int32_t) t->ne[1];
         w.nb1  = t->nb[1];
+        w.b256 = (int32_t) ggml_row_size(t->type, 256);
         return w;
     }
 

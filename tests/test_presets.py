@@ -183,15 +183,23 @@ def _wait_stopped(cache: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+def _start(cache: Path, preset: str, cpu_build: Path, n_ctx: int) -> tuple[int, dict]:
+    """`serve start --preset PRESET` on the CPU build with the user's -c N_CTX -t 2; the port and the
+    harness's record of the server (its command line and log). The caller stops it (_wait_stopped)."""
+    port = server.free_port()
+    r = _cli(cache, "start", "--preset", preset, "--binary", str(cpu_build / "bin" / "llama-server"),
+             "--port", str(port), "--", "-c", str(n_ctx), "-t", "2", timeout=300)
+    if r.returncode != 0:
+        _cli(cache, "stop")
+        pytest.fail(f"start --preset {preset} failed:\n{r.stdout}{r.stderr}")
+    return port, json.loads((cache / "run" / "server.json").read_text())
+
+
 def test_preset_serves_health_and_props(tmp_path, cpu_build, gemma_model):
     cache = tmp_path / "cache"
     e2b = _place(cache, "gemma4-e2b", E2B, gemma_model)
-    port = server.free_port()
-    r = _cli(cache, "start", "--preset", "gemma4-e2b", "--binary", str(cpu_build / "bin" / "llama-server"),
-             "--port", str(port), "--", "-c", "1024", "-t", "2", timeout=300)
+    port, rec = _start(cache, "gemma4-e2b", cpu_build, 1024)
     try:
-        assert r.returncode == 0, r.stdout + r.stderr
-        rec = json.loads((cache / "run" / "server.json").read_text())
         assert rec["cmd"][rec["cmd"].index("-c"):] == ["-c", "1024", "-t", "2"]  # the user's -c replaced 32768
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
         props = requests.get(f"http://127.0.0.1:{port}/props", timeout=10).json()
@@ -206,12 +214,8 @@ def test_spec_preset_runs_draft_mtp(tmp_path, cpu_build, g4pair):
     cache = tmp_path / "cache"
     _place(cache, "gemma4-e4b", E4B, g4pair[0])
     mtp = _place(cache, "gemma4-e4b-mtp", E4B_MTP, g4pair[1])
-    port = server.free_port()
-    r = _cli(cache, "start", "--preset", "gemma4-e4b-spec", "--binary", str(cpu_build / "bin" / "llama-server"),
-             "--port", str(port), "--", "-c", "2048", "-t", "2", timeout=300)
+    port, rec = _start(cache, "gemma4-e4b-spec", cpu_build, 2048)
     try:
-        assert r.returncode == 0, r.stdout + r.stderr
-        rec = json.loads((cache / "run" / "server.json").read_text())
         assert ["--spec-type", "draft-mtp", "-md", str(mtp)] == rec["cmd"][rec["cmd"].index("--spec-type"):][:4]
         slots = requests.get(f"http://127.0.0.1:{port}/slots", timeout=10).json()
         assert slots and all(s["speculative"] for s in slots), slots

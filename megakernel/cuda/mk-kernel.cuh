@@ -187,22 +187,6 @@ MK_DEVICE float mk_warp_sum(float v) {
     return v;
 }
 
-// bytes of 256 consecutive values of a row (exact for any multiple of the type's block size)
-MK_DEVICE int mk_b256(int type) {
-    switch (type) {
-        case GGML_TYPE_F32:    return 1024;
-        case GGML_TYPE_F16:    return 512;
-        case GGML_TYPE_BF16:   return 512;
-        case GGML_TYPE_Q4_0:   return 144;
-        case GGML_TYPE_Q5_0:   return 176;
-        case GGML_TYPE_Q8_0:   return 272;
-        case GGML_TYPE_Q4_K:   return 144;
-        case GGML_TYPE_Q6_K:   return 210;
-        case GGML_TYPE_STQ1_0: return 42;
-        default:               return 0;
-    }
-}
-
 // a job's parameters in registers (read once per mat-vec, never indexed at run time): a row is cut
 // into nseg tiles of sgps*256 values (the last one shorter), each at most MK_TB bytes
 struct mk_jr {
@@ -223,7 +207,7 @@ MK_DEVICE mk_jr mk_jr_of(const mk_job & jb) {
     r.type    = jb.w.type;
     r.ldy     = jb.ldy;
     r.softcap = jb.softcap;
-    r.b256    = mk_b256(r.type);
+    r.b256    = jb.w.b256;   // from the plan (ggml_row_size): exact for any multiple of the block size
     const int nsg   = (r.ne0 + 255)/256;
     const int bytes = (int) (((int64_t) r.ne0*r.b256)/256);
     r.nseg = (bytes + MK_TB - 1)/MK_TB;

@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #define MK_DEVICE    static __device__ __forceinline__
@@ -75,17 +76,6 @@ static __device__ __forceinline__ unsigned long long mk_clock_ns() {
 
 // ---------------------------------------------------------------------------------------------
 // host side
-
-// the kernel's type table (mk_b256), on the host: nonzero for the types the kernel decodes
-static int mk_b256_host(int type) {
-    switch (type) {
-        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0:
-        case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K: case GGML_TYPE_STQ1_0:
-            return (int) (ggml_row_size((ggml_type) type, 256));
-        default:
-            return 0;
-    }
-}
 
 struct mk_cuda {
     int device = 0;
@@ -155,10 +145,12 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     }
     // shapes the kernel assumes (checked once here, not in the kernel)
     {
-        std::vector<const ggml_mk_weight *> ws = { &model->output };
+        // (the weight types were checked by the plan's builder, llama-mk.cpp)
+        std::vector<std::pair<std::string, const ggml_mk_weight *>> ws = { { "output", &model->output } };
         if (model->n_embd_pl > 0) {
-            ws.push_back(&model->pl_model_proj);
+            ws.push_back({ "per_layer_model_proj", &model->pl_model_proj });
         }
+        static const char * names[] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "inp_gate", "proj" };
         for (int il = 0; il < model->n_layer; ++il) {
             const ggml_mk_layer & L = model->layers[il];
             if (L.head_dim % 64 != 0 || L.head_dim > GGML_MK_MAX_HEAD_DIM) {
@@ -166,16 +158,16 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
                 delete mk;
                 return nullptr;
             }
-            for (const ggml_mk_weight * w : { &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.pl_gate, &L.pl_proj }) {
-                if (w->data) {
-                    ws.push_back(w);
+            const ggml_mk_weight * lw[] = { &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.pl_gate, &L.pl_proj };
+            for (size_t i = 0; i < sizeof(lw)/sizeof(lw[0]); ++i) {
+                if (lw[i]->data) {
+                    ws.push_back({ "blk." + std::to_string(il) + "." + names[i], lw[i] });
                 }
             }
         }
-        for (const ggml_mk_weight * w : ws) {
-            if ((w->ne0 + 31)/32*32 > MK_XS_CAP || mk_b256_host(w->type) == 0) {
-                snprintf(err, err_size, "a weight of type %s with rows of %d values (up to %d values of F32, F16, BF16, "
-                         "Q4_0, Q5_0, Q8_0, Q4_K, Q6_K or STQ1_0 supported)", ggml_type_name((ggml_type) w->type), w->ne0, MK_XS_CAP);
+        for (const auto & [name, w] : ws) {
+            if ((w->ne0 + 31)/32*32 > MK_XS_CAP) {
+                snprintf(err, err_size, "%s has rows of %d values (up to %d supported)", name.c_str(), w->ne0, MK_XS_CAP);
                 delete mk;
                 return nullptr;
             }

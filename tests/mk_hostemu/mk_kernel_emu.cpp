@@ -26,7 +26,7 @@ struct wt {
     std::vector<float>   f;   // dequantized by ggml (the reference's view)
     ggml_mk_weight mk() const {
         ggml_mk_weight w = {};
-        w.data = q.data(); w.type = type; w.ne0 = ne0; w.ne1 = ne1; w.nb1 = ggml_row_size(type, ne0);
+        w.data = q.data(); w.type = type; w.ne0 = ne0; w.ne1 = ne1; w.nb1 = ggml_row_size(type, ne0); w.b256 = (int32_t) ggml_row_size(type, 256);
         return w;
     }
 };
