@@ -4,7 +4,7 @@
 //   MK_DEVICE (inline helpers), MK_DEVICE_FN (larger device functions), MK_KERNEL (return type and
 //   attributes of the entry point),
 //   MK_SHARED(T, name, n) / MK_SHARED_DYN(T, name) (block-shared arrays), MK_UNROLL, MK_TRAP(),
-//   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) (loads through L2, past the non-coherent L1),
+//   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) / mk_ldcg4(p) (loads through L2, past the non-coherent L1),
 //   mk_cp_async16(dst, src) / mk_cp_async_commit() / mk_cp_async_wait<N>() (asynchronous 16-byte copies
 //   global -> shared: issue, close a group, wait until at most N groups are pending),
 // plus the CUDA built-ins it uses (threadIdx, __syncthreads, __shfl_xor_sync, atomics, half, ...).
@@ -332,116 +332,264 @@ MK_DEVICE int mk_kg(int K) {
     return (K + 31)/32;
 }
 
-MK_DEVICE int mk_xs_at(int KG, int m, int k) {
-    return m*KG*36 + (k/32)*36 + k%32;
+// the staging works on 4 consecutive values at a time ("slots"): column m's slot f (values 4f .. 4f+3) belongs
+// to thread f % MK_THREADS for every m and M, so each column's sums have the same order in any batch.
+// MK_SB slots per thread are loaded at a time (all their loads in flight before the first is used)
+#ifndef MK_SB
+#define MK_SB 2
+#endif
+
+MK_DEVICE float4 mk_f4(float a, float b, float c, float d) {
+    float4 r;
+    r.x = a; r.y = b; r.z = c; r.w = d;
+    return r;
 }
 
-// rs[m] = 1/sqrt(mean(v(m, k)^2) + eps) for m < Mc, v = global (h, written in this launch) or the staged
-// xs; the whole block sums, in a fixed order (thread-strided partials, warp butterflies, the warps' sums
-// in warp order), so every column gets the same bits for any Mc
-MK_DEVICE_FN void mk_col_rms(const float * g, int ldg, const float * xs, int KG, int K, int Mc, float eps,
-                             float * red, float * rs) {
+// values k .. k+3 of p (k a multiple of 4, zeros past K): one 16-byte load where allowed (v4), else 4 loads;
+// g: data written earlier in this launch (through L2), else read-only weights
+MK_DEVICE float4 mk_ld4(const float * p, int k, int K, bool v4, bool g) {
+    if (v4 && k + 4 <= K) {
+        return g ? mk_ldcg4((const float4 *) (p + k)) : *(const float4 *) (p + k);
+    }
+    float t[4];
+    MK_UNROLL
+    for (int j = 0; j < 4; ++j) {
+        t[j] = k + j < K ? (g ? mk_ldcg(p + k + j) : p[k + j]) : 0.0f;
+    }
+    return mk_f4(t[0], t[1], t[2], t[3]);
+}
+
+MK_DEVICE bool mk_al16(const void * p, int ld) {
+    return p == nullptr || (((uintptr_t) p % 16) == 0 && ld % 4 == 0);
+}
+
+MK_DEVICE float mk_sq4(const float4 & v, float s) {
+    s = fmaf(v.x, v.x, s);
+    s = fmaf(v.y, v.y, s);
+    s = fmaf(v.z, v.z, s);
+    return fmaf(v.w, v.w, s);
+}
+
+MK_DEVICE float4 mk_mul4(const float4 & a, const float4 & b) {
+    return mk_f4(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y), __fmul_rn(a.z, b.z), __fmul_rn(a.w, b.w));
+}
+
+MK_DEVICE float4 mk_scale4(const float4 & a, float s) {
+    return mk_f4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
+}
+
+// the column's value of an array indexed by m < MK_M, without run-time indexing (registers)
+MK_DEVICE float mk_pick(const float (&v)[MK_M], int m) {
+    float r = v[0];
+    MK_UNROLL
+    for (int j = 1; j < MK_M; ++j) {
+        r = m == j ? v[j] : r;
+    }
+    return r;
+}
+
+MK_DEVICE void mk_add_at(float (&v)[MK_M], int m, float x) {
+    MK_UNROLL
+    for (int j = 0; j < MK_M; ++j) {
+        if (m == j) {
+            v[j] += x;
+        }
+    }
+}
+
+// ss[m] (m < Mc) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
+// warps in order), returned to every thread; red: MK_WARPS*MK_M floats not in use by another sum
+MK_DEVICE void mk_block_sums(float (&ss)[MK_M], int Mc, float * red) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    for (int m = 0; m < Mc; ++m) {
-        float ss = 0.0f;
-#pragma unroll 4
-        for (int k = threadIdx.x; k < K; k += MK_THREADS) {
-            const float t = g ? mk_ldcg(g + (size_t) m*ldg + k) : xs[mk_xs_at(KG, m, k)];
-            ss = fmaf(t, t, ss);
-        }
-        ss = mk_warp_sum(ss);
-        if (lane == 0) {
-            red[warp*MK_M + m] = ss;
+    MK_UNROLL
+    for (int m = 0; m < MK_M; ++m) {
+        if (m < Mc) {
+            const float s = mk_warp_sum(ss[m]);
+            if (lane == 0) {
+                red[warp*MK_M + m] = s;
+            }
         }
     }
     __syncthreads();
-    if ((int) threadIdx.x < Mc) {
-        float ss = 0.0f;
-        for (int w = 0; w < MK_WARPS; ++w) {
-            ss += red[w*MK_M + threadIdx.x];
+    MK_UNROLL
+    for (int m = 0; m < MK_M; ++m) {
+        float t = 0.0f;
+        if (m < Mc) {
+            for (int w = 0; w < MK_WARPS; ++w) {
+                t += red[w*MK_M + m];
+            }
         }
-        rs[threadIdx.x] = 1.0f/sqrtf(ss/K + eps);
+        ss[m] = t;
     }
-    __syncthreads();
 }
 
-// one value of the staged inputs (before the norm)
-MK_DEVICE float mk_x_in(const mk_xin & x, int K, int m, int mm, int k, const float * rs) {
-    if (k >= K) {
-        return 0.0f; // padding of the last group
-    }
-    if (x.mode == MK_X_GEGLU) {
-        return __fmul_rn(mk_gelu(mk_ldcg(x.a + (size_t) mm*x.lda + k)), mk_ldcg(x.b + (size_t) mm*x.ldb + k));
-    }
-    float v = mk_ldcg(x.a + (size_t) mm*x.lda + k);
-    if (x.res_h) {
-        const float hn = __fmul_rn(__fmul_rn(mk_ldcg(x.res_h + (size_t) mm*x.lda + k), rs[m]), x.res_nw[k]);
-        v = __fmul_rn(__fadd_rn(v, hn), x.res_scale);
-        if (blockIdx.x == 0) {
-            x.res_out[(size_t) mm*x.lda + k] = v;
-        }
-    }
-    return v;
-}
-
-// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8
-MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8, float * rs,
+// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8. With a
+// pending residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out);
+// with nw it is rmsnorm(a')*nw. Global round trips: one for rms(h) (if any), one for the values; the
+// norm scale and the 8-bit rounding then work on shared memory and registers only.
+MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            unsigned long long * prof) {
-    MK_SHARED(float, red, MK_WARPS*MK_M);
-    const int KG = mk_kg(K);
-    if (x.res_h) {
-        mk_col_rms(x.res_h + (size_t) m0*x.lda, x.lda, nullptr, KG, K, Mc, eps, red, rs);
+    MK_SHARED(float, red, 2*MK_WARPS*MK_M);
+    const int  KG   = mk_kg(K);
+    const int  F    = KG*8;                                  // slots per column, padding included
+    const int  NJ   = (F + MK_THREADS - 1)/MK_THREADS;      // slots per thread per column
+    const int  NI   = Mc*NJ;
+    const int  t    = threadIdx.x;
+    const bool res  = x.res_h != nullptr;
+    const bool gl   = x.mode == MK_X_GEGLU;
+    const bool v4a  = mk_al16(x.a, x.lda) && mk_al16(x.res_h, x.lda) && mk_al16(x.res_out, x.lda);
+    const bool v4b  = mk_al16(x.b, x.ldb);
+    const bool v4w  = mk_al16(x.res_nw, 0) && mk_al16(x.nw, 0);
+    const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    float rh[MK_M];   // 1/rms of the pending residual's h, per column
+    if (res) {
+        float ss[MK_M];
+        MK_UNROLL
+        for (int m = 0; m < MK_M; ++m) {
+            ss[m] = 0.0f;
+        }
+        for (int i0 = 0; i0 < NI; i0 += MK_SB) {
+            float4 v[MK_SB];
+            MK_UNROLL
+            for (int b = 0; b < MK_SB; ++b) {
+                const int i = i0 + b;
+                const int m = i / NJ;
+                const int f = t + (i % NJ)*MK_THREADS;
+                v[b] = i < NI && f < F ? mk_ld4(x.res_h + (size_t) (m0 + m)*x.lda, 4*f, K, v4a, true) : z4;
+            }
+            MK_UNROLL
+            for (int b = 0; b < MK_SB; ++b) {
+                const int i = i0 + b;
+                MK_UNROLL
+                for (int j = 0; j < MK_M; ++j) {
+                    if (i / NJ == j && i < NI) {
+                        ss[j] = mk_sq4(v[b], ss[j]);
+                    }
+                }
+            }
+        }
+        mk_block_sums(ss, Mc, red);
+        MK_UNROLL
+        for (int m = 0; m < MK_M; ++m) {
+            rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
+        }
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
-    const int n = Mc*KG*32;
-    for (int i0 = threadIdx.x; i0 < n; i0 += 4*MK_THREADS) {
-        float v[4];
+
+    float ss[MK_M];   // sums of squares of the staged values (for the norm)
+    MK_UNROLL
+    for (int m = 0; m < MK_M; ++m) {
+        ss[m] = 0.0f;
+    }
+    for (int i0 = 0; i0 < NI; i0 += MK_SB) {
+        float4 va[MK_SB], vb[MK_SB], vw[MK_SB], vn[MK_SB];
         MK_UNROLL
-        for (int j = 0; j < 4; ++j) {   // four loads in flight per thread
-            const int i = i0 + j*MK_THREADS;
-            v[j] = i < n ? mk_x_in(x, K, i / (KG*32), m0 + i / (KG*32), i % (KG*32), rs) : 0.0f;
+        for (int b = 0; b < MK_SB; ++b) {   // every load of the batch first
+            const int i = i0 + b;
+            const int m = i / NJ;
+            const int f = t + (i % NJ)*MK_THREADS;
+            const bool ok = i < NI && f < F;
+            const size_t mm = (size_t) (m0 + m);
+            va[b] = ok ? mk_ld4(x.a + mm*x.lda, 4*f, K, v4a, true) : z4;
+            vb[b] = ok && gl  ? mk_ld4(x.b + mm*x.ldb, 4*f, K, v4b, true)
+                  : ok && res ? mk_ld4(x.res_h + mm*x.lda, 4*f, K, v4a, true) : z4;
+            vw[b] = ok && res  ? mk_ld4(x.res_nw, 4*f, K, v4w, false) : z4;
+            vn[b] = ok && x.nw ? mk_ld4(x.nw,     4*f, K, v4w, false) : z4;
         }
         MK_UNROLL
-        for (int j = 0; j < 4; ++j) {
-            const int i = i0 + j*MK_THREADS;
-            if (i < n) {
-                xs[mk_xs_at(KG, i / (KG*32), i % (KG*32))] = v[j];
+        for (int b = 0; b < MK_SB; ++b) {
+            const int i = i0 + b;
+            const int m = i / NJ;
+            const int f = t + (i % NJ)*MK_THREADS;
+            if (!(i < NI && f < F)) {
+                continue;
             }
+            float4 v = va[b];
+            if (gl) {
+                v = mk_f4(__fmul_rn(mk_gelu(v.x), vb[b].x), __fmul_rn(mk_gelu(v.y), vb[b].y),
+                          __fmul_rn(mk_gelu(v.z), vb[b].z), __fmul_rn(mk_gelu(v.w), vb[b].w));
+            } else if (res) {
+                const float4 hn = mk_mul4(mk_scale4(vb[b], mk_pick(rh, m)), vw[b]);
+                v = mk_scale4(mk_f4(__fadd_rn(v.x, hn.x), __fadd_rn(v.y, hn.y), __fadd_rn(v.z, hn.z), __fadd_rn(v.w, hn.w)),
+                              x.res_scale);
+                if (blockIdx.x == 0) {
+                    float * o = x.res_out + (size_t) (m0 + m)*x.lda + 4*f;
+                    if (v4a && 4*f + 4 <= K) {
+                        *(float4 *) o = v;
+                    } else {
+                        const float vv[4] = { v.x, v.y, v.z, v.w };
+                        for (int j = 0; j < 4 && 4*f + j < K; ++j) {
+                            o[j] = vv[j];
+                        }
+                    }
+                }
+            }
+            if (x.nw) {
+                mk_add_at(ss, m, mk_sq4(v, 0.0f));
+                v = mk_mul4(v, vn[b]);
+            }
+            *(float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8)) = v;
         }
     }
-    __syncthreads();
     mk_prof_at(prof, MK_PH_ST_LOAD);
+    float rn[MK_M];   // 1/rms of the staged values (the norm), per column
     if (x.nw) {
-        mk_col_rms(nullptr, 0, xs, KG, K, Mc, eps, red, rs + MK_M);
-#pragma unroll 4
-        for (int i = threadIdx.x; i < Mc*K; i += MK_THREADS) {   // (the norm weights: global loads, 4 in flight)
-            const int m = i / K;
-            const int k = i % K;
-            float & t = xs[mk_xs_at(KG, m, k)];
-            t = __fmul_rn(__fmul_rn(t, rs[MK_M + m]), x.nw[k]);
+        mk_block_sums(ss, Mc, red + MK_WARPS*MK_M);
+        MK_UNROLL
+        for (int m = 0; m < MK_M; ++m) {
+            rn[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
+    } else {
         __syncthreads();
-        mk_prof_at(prof, MK_PH_ST_NORM);
     }
-    if (q8) {
-        const int warp = threadIdx.x / WARP_SIZE;
-        const int lane = threadIdx.x % WARP_SIZE;
-        for (int u = warp; u < Mc*KG; u += MK_WARPS) {
-            const float v = xs[(u / KG)*KG*36 + (u % KG)*36 + lane];
-            float amax = fabsf(v);
-            MK_UNROLL
-            for (int o = WARP_SIZE/2; o > 0; o >>= 1) {
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+    mk_prof_at(prof, MK_PH_ST_NORM);
+
+    // the norm's scale, and the 8-bit rounding of each 32-value group (8 consecutive lanes hold one group;
+    // every lane of a warp runs the shuffles)
+    if (x.nw || q8) {
+        const int lane = t % WARP_SIZE;
+        for (int i = 0; i < NI; ++i) {
+            const int m = i / NJ;
+            const int f = t + (i % NJ)*MK_THREADS;
+            const bool ok = f < F;
+            float4 * p = (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
+            float4 v = ok ? *p : z4;
+            if (x.nw) {
+                v = mk_scale4(v, mk_pick(rn, m));
+                if (ok) {
+                    *p = v;
+                }
             }
-            const float d = amax/127.0f;
-            const int   q = amax == 0.0f ? 0 : __float2int_rn(v/d);
-            const float sq = mk_warp_sum((float) q);   // exact: |sum| <= 32*127
-            uint8_t * rec = xq + (size_t) u*MK_XQ_REC;
-            rec[lane] = (uint8_t) (int8_t) q;
-            if (lane == 0) {
-                ((float *) (rec + 32))[0] = d;
-                ((float *) (rec + 32))[1] = sq;
+            if (q8) {
+                float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+                MK_UNROLL
+                for (int o = 1; o < 8; o <<= 1) {
+                    amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+                }
+                const float d = amax/127.0f;
+                int q[4] = { 0, 0, 0, 0 };
+                if (amax != 0.0f) {
+                    q[0] = __float2int_rn(v.x/d);
+                    q[1] = __float2int_rn(v.y/d);
+                    q[2] = __float2int_rn(v.z/d);
+                    q[3] = __float2int_rn(v.w/d);
+                }
+                float sq = (float) (q[0] + q[1] + q[2] + q[3]);   // exact: |sum| <= 32*127
+                MK_UNROLL
+                for (int o = 1; o < 8; o <<= 1) {
+                    sq += __shfl_xor_sync(0xffffffff, sq, o);
+                }
+                if (ok) {
+                    uint8_t * rec = xq + (size_t) (m*KG + f/8)*MK_XQ_REC;
+                    ((unsigned *) rec)[f % 8] = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
+                                                (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
+                    if (lane % 8 == 0) {
+                        ((float *) (rec + 32))[0] = d;
+                        ((float *) (rec + 32))[1] = sq;
+                    }
+                }
             }
         }
         __syncthreads();
@@ -458,7 +606,65 @@ MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned
     return (unsigned) *(const uint16_t *) p | ((unsigned) *(const uint16_t *) (p + 2) << 16);
 }
 
-MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws, float * rs,
+// the quants of a Q4_0 block (values 4k.. for k < 4, 16+4(k-4).. after) or a Q8_0 block as 8 words for dp4a,
+// from its 16 or 32 quant bytes given as words q[0..] (the caller aligns them)
+MK_DEVICE void mk_unpack_q(const unsigned * q, bool is_q4, unsigned (&wq)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        wq[k] = is_q4 ? (k < 4 ? (q[k] & 0x0F0F0F0F) : ((q[k - 4] >> 4) & 0x0F0F0F0F)) : q[k];
+    }
+}
+
+// block 2p+h (h = 0, 1) of a 4-byte aligned tile, a pair of blocks being 9 words for Q4_0 (d0 | q0[0..1],
+// q0[2..13], q0[14..15] | d1, q1) or 17 for Q8_0 (d0 | q0[0..1], ..., q0[30..31] | d1, q1): block 0's quants sit
+// 2 bytes off a word, block 1's on words
+MK_DEVICE float mk_pair_block(const uint8_t * base, int p, int h, bool is_q4, unsigned (&wq)[8]) {
+    const int nq = is_q4 ? 4 : 8;   // quant words of a block
+    const unsigned * w = (const unsigned *) (base + 4*(2*nq + 1)*p);
+    unsigned q[8];
+    float d;
+    if (h == 0) {
+        unsigned v[9];
+#pragma unroll
+        for (int k = 0; k < 9; ++k) {
+            v[k] = k <= nq ? w[k] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            q[k] = k < nq ? __funnelshift_r(v[k], v[k + 1], 16) : 0;
+        }
+        d = mk_f16((uint16_t) (v[0] & 0xffff));
+    } else {
+        d = mk_f16((uint16_t) (w[nq] >> 16));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            q[k] = k < nq ? w[nq + 1 + k] : 0;
+        }
+    }
+    mk_unpack_q(q, is_q4, wq);
+    return d;
+}
+
+// acc + d_w*d_x*(sum_i w_i*q_i) for one block (Q4_0: w_i = nibble - 8, from the sum of q), with rec the block's
+// 8-bit inputs (32 values, d, sum of q)
+MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec, bool is_q4, float acc) {
+    const int4   x0 = ((const int4 *) rec)[0];
+    const int4   x1 = ((const int4 *) rec)[1];
+    const float4 dq = ((const float4 *) rec)[2];   // d, sum of q
+    int si = 0;
+    si = __dp4a((int) wq[0], x0.x, si);
+    si = __dp4a((int) wq[1], x0.y, si);
+    si = __dp4a((int) wq[2], x0.z, si);
+    si = __dp4a((int) wq[3], x0.w, si);
+    si = __dp4a((int) wq[4], x1.x, si);
+    si = __dp4a((int) wq[5], x1.y, si);
+    si = __dp4a((int) wq[6], x1.z, si);
+    si = __dp4a((int) wq[7], x1.w, si);
+    const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, dq.y)) : (float) si;
+    return fmaf(__fmul_rn(dw, dq.x), sf, acc);
+}
+
+MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
                             unsigned long long * prof) {
     const mk_mvr R = mk_mvr_of(mv);
     uint8_t * xq = (uint8_t *) xs + MK_XS_BYTES;
@@ -473,7 +679,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
         if (m0 > 0) {
             mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
         }
-        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, rs, m0 == 0 ? prof : nullptr);
+        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, m0 == 0 ? prof : nullptr);
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
         }
@@ -501,9 +707,27 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
             const uint8_t * base = mk_stage_buf(ws, it.t) + ((uintptr_t) src & 15);
             const int type = MK_J(R, it.job, type);
-            if (mk_is_q8dot(type)) {
-                // integer dot products with the q8 inputs (llama.cpp's mmvq arithmetic, per 32-value block);
-                // two groups per lane at a time (independent chains), added in group order
+            if (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
+                // integer dot products with the q8 inputs (llama.cpp's mmvq arithmetic, per 32-value block); one
+                // pair of consecutive blocks per lane (36 or 68 bytes: 32-bit shared loads, conflict-free strides
+                // of 9 or 17 words), the two blocks added in order
+                const bool is_q4 = type == GGML_TYPE_Q4_0;
+                for (int p = lane; p < ng/2; p += WARP_SIZE) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        unsigned wq[8];
+                        const float dw = mk_pair_block(base, p, h, is_q4, wq);
+#pragma unroll
+                        for (int m = 0; m < MK_M; ++m) {
+                            if (m < Mc) {
+                                acc[m] = mk_dot_q8(wq, dw, xq + (size_t) (m*KG + g0 + 2*p + h)*MK_XQ_REC, is_q4, acc[m]);
+                            }
+                        }
+                    }
+                }
+            } else if (mk_is_q8dot(type)) {
+                // the same per block, for tiles with an odd block count or 2-byte alignment: two blocks per lane
+                // at a time (i and i + 32), 16-bit loads
                 const bool is_q4 = type == GGML_TYPE_Q4_0;
                 const int  bs    = is_q4 ? 18 : 34;
                 for (int i = lane; i < ng; i += 2*WARP_SIZE) {
@@ -540,21 +764,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
                                 if (h == 1 && !two) {
                                     continue;
                                 }
-                                const uint8_t * rec = xq + (size_t) (m*KG + g0 + i + h*WARP_SIZE)*MK_XQ_REC;
-                                const int4   x0 = ((const int4 *) rec)[0];
-                                const int4   x1 = ((const int4 *) rec)[1];
-                                const float4 dq = ((const float4 *) rec)[2];   // d, sum of q
-                                int si = 0;
-                                si = __dp4a((int) wq[h][0], x0.x, si);
-                                si = __dp4a((int) wq[h][1], x0.y, si);
-                                si = __dp4a((int) wq[h][2], x0.z, si);
-                                si = __dp4a((int) wq[h][3], x0.w, si);
-                                si = __dp4a((int) wq[h][4], x1.x, si);
-                                si = __dp4a((int) wq[h][5], x1.y, si);
-                                si = __dp4a((int) wq[h][6], x1.z, si);
-                                si = __dp4a((int) wq[h][7], x1.w, si);
-                                const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, dq.y)) : (float) si;
-                                acc[m] = fmaf(__fmul_rn(dw[h], dq.x), sf, acc[m]);
+                                acc[m] = mk_dot_q8(wq[h], dw[h], xq + (size_t) (m*KG + g0 + i + h*WARP_SIZE)*MK_XQ_REC, is_q4, acc[m]);
                             }
                         }
                     }
@@ -727,7 +937,8 @@ MK_DEVICE float mk_hi(unsigned u) { return __half2float(__ushort_as_half((unsign
 
 template <int NP>
 MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
-    constexpr int CPI = NP > 4 ? 2 : 4;   // cells per step (registers: K and V of CPI cells)
+    constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
+    static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane   = threadIdx.x % WARP_SIZE;
@@ -768,16 +979,9 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
         const int c0 = ch*CH;
         const int c1 = min(n_kv, c0 + CH);
         for (int c = c0; c < c1; c += CPI) {
-            float mv[CPI];
-            bool any = false;
-#pragma unroll
-            for (int j = 0; j < CPI; ++j) {
-                mv[j] = c + j < c1 ? mask[c + j] : -INFINITY;
-                any = any || mv[j] != -INFINITY;
-            }
-            if (!any) {
-                continue;
-            }
+            // the step's mask (one load per lane) and its cells' K and V rows are loaded together (cells below
+            // n_kv are valid memory, masked or not): one round trip per step; masked cells are skipped below
+            const float mlane = lane < CPI && c + lane < c1 ? mask[c + lane] : -INFINITY;
             unsigned kr[CPI][NP];
             unsigned vr[CPI][NP];   // plain V: cell j, dims (d, d+1); transposed: [w] cells 2w, 2w+1 of d, [CPI/2 + w] of d+1
 #pragma unroll
@@ -786,7 +990,7 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                 for (int i = 0; i < NP; ++i) {
                     kr[j][i] = 0;
                     vr[j][i] = 0;
-                    if (i < np && mv[j] != -INFINITY) {
+                    if (i < np && c + j < c1) {
                         kr[j][i] = mk_ldcg_u32((const unsigned *) (kb + (c + j)*kv.k_sc + 128*i));
                         if (!vt) {
                             vr[j][i] = mk_ldcg_u32((const unsigned *) (vb + (c + j)*kv.v_sc + (2*lane + 64*i)*2));
@@ -803,11 +1007,23 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                         const unsigned * p1 = (const unsigned *) (vb + (size_t) (d + 1)*kv.v_sd + (size_t) c*kv.v_sc);
 #pragma unroll
                         for (int w = 0; w < CPI/2; ++w) {
-                            vr[w][i]         = mk_ldcg_u32(p0 + w);
-                            vr[CPI/2 + w][i] = mk_ldcg_u32(p1 + w);
+                            if (c + 2*w < c1) {
+                                vr[w][i]         = mk_ldcg_u32(p0 + w);
+                                vr[CPI/2 + w][i] = mk_ldcg_u32(p1 + w);
+                            }
                         }
                     }
                 }
+            }
+            float mv[CPI];
+            bool any = false;
+#pragma unroll
+            for (int j = 0; j < CPI; ++j) {
+                mv[j] = __shfl_sync(0xffffffff, mlane, j);
+                any = any || mv[j] != -INFINITY;
+            }
+            if (!any) {
+                continue;
             }
             float sc[CPI];
 #pragma unroll
@@ -985,7 +1201,6 @@ MK_DEVICE_FN void mk_pl_inputs(const mk_args & a, int M) {
 // ---------------------------------------------------------------------------------------------
 
 MK_KERNEL mk_decode_kernel(const mk_args a) {
-    MK_SHARED(float, rs, 2*MK_M);
     MK_SHARED_DYN(float4, smem);
     float   * xs = (float *) smem;                       // staged mat-vec inputs; the heads' scratch
     uint8_t * ws = (uint8_t *) smem + MK_XS_BYTES + MK_XQ_BYTES;  // weight stages
@@ -1031,7 +1246,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         mk_mv_begin(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), ws);
         mk_grid_sync(a, MK_PH_EMBD);
         mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-        mk_mv_run(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), xi, M, eps, xs, ws, rs, a.prof);
+        mk_mv_run(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), xi, M, eps, xs, ws, a.prof);
         mk_mv_begin(mv_qkv(0), ws);
         mk_grid_sync(a, MK_PH_PL_PROJ);
         mk_pl_inputs(a, M);
@@ -1058,7 +1273,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         const ggml_mk_layer & L = md.layers[il];
 
         // Q, K, V of rmsnorm(x) * attn_norm
-        mk_mv_run(mv_qkv(il), xin_res(L.attn_norm), M, eps, xs, ws, rs, a.prof);
+        mk_mv_run(mv_qkv(il), xin_res(L.attn_norm), M, eps, xs, ws, a.prof);
         res_applied();
         mk_mv_begin(mv_one(L.wo, a.h, n, 0.0f), ws);
         mk_grid_sync(a, MK_PH_QKV);
@@ -1075,7 +1290,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
 
         {
             mk_xin xi = { MK_X_PLAIN, a.att, md.max_q, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-            mk_mv_run(mv_one(L.wo, a.h, n, 0.0f), xi, M, eps, xs, ws, rs, a.prof);
+            mk_mv_run(mv_one(L.wo, a.h, n, 0.0f), xi, M, eps, xs, ws, a.prof);
         }
         mk_mv ffn = {};
         ffn.jobs[0] = { L.ffn_gate, a.g, md.max_ff, 0.0f };
@@ -1088,14 +1303,14 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         res_scale = 1.0f;
 
         // gelu(gate) * up of rmsnorm(x) * ffn_norm, after the attention residual
-        mk_mv_run(ffn, xin_res(L.ffn_norm), M, eps, xs, ws, rs, a.prof);
+        mk_mv_run(ffn, xin_res(L.ffn_norm), M, eps, xs, ws, a.prof);
         res_applied();
         mk_mv_begin(mv_one(L.ffn_down, a.h, n, 0.0f), ws);
         mk_grid_sync(a, MK_PH_FFN);
 
         {
             mk_xin xi = { MK_X_PLAIN, a.g, md.max_ff, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-            mk_mv_run(mv_one(L.ffn_down, a.h, n, 0.0f), xi, M, eps, xs, ws, rs, a.prof);
+            mk_mv_run(mv_one(L.ffn_down, a.h, n, 0.0f), xi, M, eps, xs, ws, a.prof);
         }
         res_nw = L.ffn_post_norm;
         res_scale = ple ? 1.0f : L.out_scale;
@@ -1103,14 +1318,14 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         if (ple) {
             mk_mv_begin(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), ws);
             mk_grid_sync(a, MK_PH_DOWN);
-            mk_mv_run(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), xin_res(nullptr), M, eps, xs, ws, rs, a.prof);
+            mk_mv_run(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), xin_res(nullptr), M, eps, xs, ws, a.prof);
             res_applied();
             mk_mv_begin(mv_one(L.pl_proj, a.h, n, 0.0f), ws);
             mk_grid_sync(a, MK_PH_PL_GATE);
             {
                 mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
                               nullptr, nullptr, 1.0f, nullptr, nullptr };
-                mk_mv_run(mv_one(L.pl_proj, a.h, n, 0.0f), xi, M, eps, xs, ws, rs, a.prof);
+                mk_mv_run(mv_one(L.pl_proj, a.h, n, 0.0f), xi, M, eps, xs, ws, a.prof);
             }
             res_nw = L.pl_post_norm;
             res_scale = L.out_scale;
@@ -1124,7 +1339,7 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
     }
 
     // LM head of rmsnorm(x) * output_norm after the last residual, final softcap
-    mk_mv_run(mv_one(md.output, a.logits, md.n_vocab, md.softcap), xin_res(md.output_norm), M, eps, xs, ws, rs, a.prof);
+    mk_mv_run(mv_one(md.output, a.logits, md.n_vocab, md.softcap), xin_res(md.output_norm), M, eps, xs, ws, a.prof);
     if (a.prof) {
         mk_grid_sync(a, MK_PH_LM_HEAD);
     }

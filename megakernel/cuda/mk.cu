@@ -47,6 +47,11 @@ static __device__ __forceinline__ unsigned short mk_ldcg(const unsigned short * 
 static __device__ __forceinline__ float          mk_ldcg(const float * p)          { return __ldcg(p); }
 static __device__ __forceinline__ unsigned short mk_ldcg(const unsigned short * p) { return __ldcg(p); }
 #endif
+static __device__ __forceinline__ float4 mk_ldcg4(const float4 * p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
 static __device__ __forceinline__ unsigned mk_ldcg_u32(const unsigned * p) {
     unsigned v;
     asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");

@@ -97,6 +97,12 @@ inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
     unsigned u; memcpy(&u, &r, 4);
     return u;
 }
+inline float __shfl_sync(unsigned mask, float v, int src) {
+    unsigned u; memcpy(&u, &v, 4);
+    u = __shfl_sync(mask, u, src);
+    float r; memcpy(&r, &u, 4);
+    return r;
+}
 inline unsigned atomicAdd(unsigned * p, unsigned v) { ++emu_progress; unsigned o = *p; *p = o + v; return o; }
 inline unsigned atomicExch(unsigned * p, unsigned v) { ++emu_progress; unsigned o = *p; *p = v; return o; }
 inline void __threadfence() {}
@@ -115,6 +121,7 @@ inline int __dp4a(int a, int b, int c) {
     }
     return c;
 }
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) { sh &= 31; return sh ? (lo >> sh) | (hi << (32 - sh)) : lo; }
 inline int __float2int_rn(float f) { return (int) nearbyintf(f); }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline half  __float2half(float f) { ggml_fp16_t h = ggml_fp32_to_fp16(f); half r; memcpy(&r.bits, &h, 2); return r; }
@@ -142,6 +149,7 @@ static inline float          mk_ldcg(const float * p)          { return *(const 
 static inline unsigned short mk_ldcg(const unsigned short * p) { return *(const volatile unsigned short *) p; }
 static inline unsigned long long mk_clock_ns() { return 0; }
 static inline unsigned       mk_ldcg_u32(const unsigned * p)       { return *(const volatile unsigned *) p; }
+static inline float4         mk_ldcg4(const float4 * p) { const volatile float * q = (const volatile float *) p; float4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
 // asynchronous copies done at once (the emulation checks indexing, not the copy pipeline's timing)
 static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }
 static inline void mk_cp_async_commit() {}
