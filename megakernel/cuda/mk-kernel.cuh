@@ -424,12 +424,45 @@ MK_DEVICE void mk_block_sums(float (&ss)[MK_M], int Mc, float * red) {
     }
 }
 
-// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8. With a
+// the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
+// q = round(x/d)); the group's 8 slots are on 8 consecutive lanes, and every lane of the warp must call this
+// (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles)
+MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    MK_UNROLL
+    for (int o = 1; o < 8; o <<= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+    }
+    const float d = amax/127.0f;
+    int q[4] = { 0, 0, 0, 0 };
+    if (amax != 0.0f) {
+        q[0] = __float2int_rn(v.x/d);
+        q[1] = __float2int_rn(v.y/d);
+        q[2] = __float2int_rn(v.z/d);
+        q[3] = __float2int_rn(v.w/d);
+    }
+    float sq = (float) (q[0] + q[1] + q[2] + q[3]);   // exact: |sum| <= 32*127
+    MK_UNROLL
+    for (int o = 1; o < 8; o <<= 1) {
+        sq += __shfl_xor_sync(0xffffffff, sq, o);
+    }
+    if (ok) {
+        ((unsigned *) rec)[f % 8] = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
+                                    (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
+        if (f % 8 == 0) {
+            ((float *) (rec + 32))[0] = d;
+            ((float *) (rec + 32))[1] = sq;
+        }
+    }
+}
+
+// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8; direct (no
+// norm, only 8-bit inputs wanted): the records are made from registers and xs is not written. With a
 // pending residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out);
 // with nw it is rmsnorm(a')*nw. Global round trips: one for rms(h) (if any), one for the values; the
 // norm scale and the 8-bit rounding then work on shared memory and registers only.
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
-                           unsigned long long * prof) {
+                           bool direct, unsigned long long * prof) {
     MK_SHARED(float, red, 2*MK_WARPS*MK_M);
     const int  KG   = mk_kg(K);
     const int  F    = KG*8;                                  // slots per column, padding included
@@ -503,9 +536,10 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int i = i0 + b;
             const int m = i / NJ;
             const int f = t + (i % NJ)*MK_THREADS;
-            if (!(i < NI && f < F)) {
+            if (i >= NI) {
                 continue;
             }
+            const bool ok = f < F;   // (zeros otherwise: such a lane still runs the shuffles of the direct rounding)
             float4 v = va[b];
             if (gl) {
                 v = mk_f4(__fmul_rn(mk_gelu(v.x), vb[b].x), __fmul_rn(mk_gelu(v.y), vb[b].y),
@@ -514,7 +548,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 const float4 hn = mk_mul4(mk_scale4(vb[b], mk_pick(rh, m)), vw[b]);
                 v = mk_scale4(mk_f4(__fadd_rn(v.x, hn.x), __fadd_rn(v.y, hn.y), __fadd_rn(v.z, hn.z), __fadd_rn(v.w, hn.w)),
                               x.res_scale);
-                if (blockIdx.x == 0) {
+                if (blockIdx.x == 0 && ok) {
                     float * o = x.res_out + (size_t) (m0 + m)*x.lda + 4*f;
                     if (v4a && 4*f + 4 <= K) {
                         *(float4 *) o = v;
@@ -530,10 +564,18 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 mk_add_at(ss, m, mk_sq4(v, 0.0f));
                 v = mk_mul4(v, vn[b]);
             }
-            *(float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8)) = v;
+            if (direct) {
+                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+            } else if (ok) {
+                *(float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8)) = v;
+            }
         }
     }
     mk_prof_at(prof, MK_PH_ST_LOAD);
+    if (direct) {
+        __syncthreads();
+        return;
+    }
     float rn[MK_M];   // 1/rms of the staged values (the norm), per column
     if (x.nw) {
         mk_block_sums(ss, Mc, red + MK_WARPS*MK_M);
@@ -563,33 +605,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 }
             }
             if (q8) {
-                float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-                MK_UNROLL
-                for (int o = 1; o < 8; o <<= 1) {
-                    amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
-                }
-                const float d = amax/127.0f;
-                int q[4] = { 0, 0, 0, 0 };
-                if (amax != 0.0f) {
-                    q[0] = __float2int_rn(v.x/d);
-                    q[1] = __float2int_rn(v.y/d);
-                    q[2] = __float2int_rn(v.z/d);
-                    q[3] = __float2int_rn(v.w/d);
-                }
-                float sq = (float) (q[0] + q[1] + q[2] + q[3]);   // exact: |sum| <= 32*127
-                MK_UNROLL
-                for (int o = 1; o < 8; o <<= 1) {
-                    sq += __shfl_xor_sync(0xffffffff, sq, o);
-                }
-                if (ok) {
-                    uint8_t * rec = xq + (size_t) (m*KG + f/8)*MK_XQ_REC;
-                    ((unsigned *) rec)[f % 8] = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
-                                                (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
-                    if (lane % 8 == 0) {
-                        ((float *) (rec + 32))[0] = d;
-                        ((float *) (rec + 32))[1] = sq;
-                    }
-                }
+                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
             }
         }
         __syncthreads();
@@ -667,19 +683,22 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
 MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
                             unsigned long long * prof) {
     const mk_mvr R = mk_mvr_of(mv);
-    uint8_t * xq = (uint8_t *) xs + MK_XS_BYTES;
     const bool q8 = mk_is_q8dot(R.j0.type) || mk_is_q8dot(R.j1.type) || mk_is_q8dot(R.j2.type);
+    // only 8-bit inputs are needed (every job Q4_0/Q8_0) and there is no norm: the records alone, made as the
+    // values arrive, in the whole inputs region (room for 4x the columns: verify batches in one pass)
+    const bool direct = mk_is_q8dot(R.j0.type) && mk_is_q8dot(R.j1.type) && mk_is_q8dot(R.j2.type) && !x.nw;
+    uint8_t * xq = direct ? (uint8_t *) xs : (uint8_t *) xs + MK_XS_BYTES;
     const int K    = R.j0.ne0;
     const int lane = threadIdx.x % WARP_SIZE;
     const int KG   = mk_kg(K);
-    const int Mcap = max(1, min(M, MK_XS_CAP / (KG*32)));
+    const int Mcap = max(1, min(M, direct ? (int) ((MK_XS_BYTES + MK_XQ_BYTES)/MK_XQ_REC) / KG : MK_XS_CAP / (KG*32)));
 
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
         if (m0 > 0) {
             mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
         }
-        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, m0 == 0 ? prof : nullptr);
+        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
         }
