@@ -345,24 +345,8 @@ MK_DEVICE float4 mk_f4(float a, float b, float c, float d) {
     return r;
 }
 
-// values k .. k+3 of p (k a multiple of 4, zeros past K): one 16-byte load where allowed (v4), else 4 loads;
-// g: data written earlier in this launch (through L2), else read-only weights
-MK_DEVICE float4 mk_ld4(const float * p, int k, int K, bool v4, bool g) {
-    if (v4 && k + 4 <= K) {
-        return g ? mk_ldcg4((const float4 *) (p + k)) : *(const float4 *) (p + k);
-    }
-    float t[4];
-    MK_UNROLL
-    for (int j = 0; j < 4; ++j) {
-        t[j] = k + j < K ? (g ? mk_ldcg(p + k + j) : p[k + j]) : 0.0f;
-    }
-    return mk_f4(t[0], t[1], t[2], t[3]);
-}
-
-MK_DEVICE bool mk_al16(const void * p, int ld) {
-    return p == nullptr || (((uintptr_t) p % 16) == 0 && ld % 4 == 0);
-}
-
+// inputs are read as 16-byte vectors: every row length and leading dimension of a mat-vec input is a multiple
+// of 4 and every input and norm vector is 16-byte aligned (ggml_backend_mk_create refuses a plan otherwise)
 MK_DEVICE float mk_sq4(const float4 & v, float s) {
     s = fmaf(v.x, v.x, s);
     s = fmaf(v.y, v.y, s);
@@ -378,47 +362,24 @@ MK_DEVICE float4 mk_scale4(const float4 & a, float s) {
     return mk_f4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
 }
 
-// the column's value of an array indexed by m < MK_M, without run-time indexing (registers)
-MK_DEVICE float mk_pick(const float (&v)[MK_M], int m) {
-    float r = v[0];
-    MK_UNROLL
-    for (int j = 1; j < MK_M; ++j) {
-        r = m == j ? v[j] : r;
-    }
-    return r;
-}
-
-MK_DEVICE void mk_add_at(float (&v)[MK_M], int m, float x) {
-    MK_UNROLL
-    for (int j = 0; j < MK_M; ++j) {
-        if (m == j) {
-            v[j] += x;
-        }
-    }
-}
-
 // ss[m] (m < Mc) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
 // warps in order), returned to every thread; red: MK_WARPS*MK_M floats not in use by another sum
-MK_DEVICE void mk_block_sums(float (&ss)[MK_M], int Mc, float * red) {
+MK_DEVICE void mk_block_sums(float * ss, int Mc, float * red) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    MK_UNROLL
-    for (int m = 0; m < MK_M; ++m) {
-        if (m < Mc) {
-            const float s = mk_warp_sum(ss[m]);
-            if (lane == 0) {
-                red[warp*MK_M + m] = s;
-            }
+#pragma unroll 1
+    for (int m = 0; m < Mc; ++m) {
+        const float s = mk_warp_sum(ss[m]);
+        if (lane == 0) {
+            red[warp*MK_M + m] = s;
         }
     }
     __syncthreads();
-    MK_UNROLL
-    for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+    for (int m = 0; m < Mc; ++m) {
         float t = 0.0f;
-        if (m < Mc) {
-            for (int w = 0; w < MK_WARPS; ++w) {
-                t += red[w*MK_M + m];
-            }
+        for (int w = 0; w < MK_WARPS; ++w) {
+            t += red[w*MK_M + m];
         }
         ss[m] = t;
     }
@@ -457,111 +418,98 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
 }
 
 // stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8; direct (no
-// norm, only 8-bit inputs wanted): the records are made from registers and xs is not written. With a
-// pending residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out);
-// with nw it is rmsnorm(a')*nw. Global round trips: one for rms(h) (if any), one for the values; the
-// norm scale and the 8-bit rounding then work on shared memory and registers only.
+// norm, only 8-bit inputs wanted): the records are made from registers and xs is not written. With a pending
+// residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out); with nw it
+// is rmsnorm(a')*nw. Global round trips: one for rms(h) (if any), one for the values (MK_SB slots per thread
+// in flight); the norm scale and the 8-bit rounding then work on shared memory and registers only. Small
+// code on purpose (the columns are a run-time loop): every phase runs it once per block, from a cold
+// instruction cache.
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
     MK_SHARED(float, red, 2*MK_WARPS*MK_M);
-    const int  KG   = mk_kg(K);
-    const int  F    = KG*8;                                  // slots per column, padding included
-    const int  NJ   = (F + MK_THREADS - 1)/MK_THREADS;      // slots per thread per column
-    const int  NI   = Mc*NJ;
-    const int  t    = threadIdx.x;
-    const bool res  = x.res_h != nullptr;
-    const bool gl   = x.mode == MK_X_GEGLU;
-    const bool v4a  = mk_al16(x.a, x.lda) && mk_al16(x.res_h, x.lda) && mk_al16(x.res_out, x.lda);
-    const bool v4b  = mk_al16(x.b, x.ldb);
-    const bool v4w  = mk_al16(x.res_nw, 0) && mk_al16(x.nw, 0);
+    const int  KG  = mk_kg(K);
+    const int  F   = KG*8;                                  // slots per column, padding included
+    const int  F4  = K/4;                                   // slots with values
+    const int  NJ  = (F + MK_THREADS - 1)/MK_THREADS;      // slots per thread per column
+    const int  NI  = Mc*NJ;
+    const int  t   = threadIdx.x;
+    const bool res = x.res_h != nullptr;
+    const bool gl  = x.mode == MK_X_GEGLU;
     const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
+    float ss[MK_M];   // per column: sums of squares, then 1/rms (run-time indexed)
+    float rh[MK_M];
 
-    float rh[MK_M];   // 1/rms of the pending residual's h, per column
     if (res) {
-        float ss[MK_M];
-        MK_UNROLL
-        for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+        for (int m = 0; m < Mc; ++m) {
             ss[m] = 0.0f;
         }
+#pragma unroll 1
         for (int i0 = 0; i0 < NI; i0 += MK_SB) {
             float4 v[MK_SB];
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
                 const int i = i0 + b;
-                const int m = i / NJ;
                 const int f = t + (i % NJ)*MK_THREADS;
-                v[b] = i < NI && f < F ? mk_ld4(x.res_h + (size_t) (m0 + m)*x.lda, 4*f, K, v4a, true) : z4;
+                v[b] = i < NI && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + i / NJ)*x.lda) + f) : z4;
             }
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
-                const int i = i0 + b;
-                MK_UNROLL
-                for (int j = 0; j < MK_M; ++j) {
-                    if (i / NJ == j && i < NI) {
-                        ss[j] = mk_sq4(v[b], ss[j]);
-                    }
+                if (i0 + b < NI) {
+                    ss[(i0 + b) / NJ] = mk_sq4(v[b], ss[(i0 + b) / NJ]);
                 }
             }
         }
         mk_block_sums(ss, Mc, red);
-        MK_UNROLL
-        for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+        for (int m = 0; m < Mc; ++m) {
             rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
 
-    float ss[MK_M];   // sums of squares of the staged values (for the norm)
-    MK_UNROLL
-    for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+    for (int m = 0; m < Mc; ++m) {
         ss[m] = 0.0f;
     }
+#pragma unroll 1
     for (int i0 = 0; i0 < NI; i0 += MK_SB) {
         float4 va[MK_SB], vb[MK_SB], vw[MK_SB], vn[MK_SB];
         MK_UNROLL
         for (int b = 0; b < MK_SB; ++b) {   // every load of the batch first
             const int i = i0 + b;
-            const int m = i / NJ;
             const int f = t + (i % NJ)*MK_THREADS;
-            const bool ok = i < NI && f < F;
-            const size_t mm = (size_t) (m0 + m);
-            va[b] = ok ? mk_ld4(x.a + mm*x.lda, 4*f, K, v4a, true) : z4;
-            vb[b] = ok && gl  ? mk_ld4(x.b + mm*x.ldb, 4*f, K, v4b, true)
-                  : ok && res ? mk_ld4(x.res_h + mm*x.lda, 4*f, K, v4a, true) : z4;
-            vw[b] = ok && res  ? mk_ld4(x.res_nw, 4*f, K, v4w, false) : z4;
-            vn[b] = ok && x.nw ? mk_ld4(x.nw,     4*f, K, v4w, false) : z4;
+            const bool ok = i < NI && f < F4;
+            const size_t mm = (size_t) (m0 + i / NJ);
+            va[b] = ok ? mk_ldcg4((const float4 *) (x.a + mm*x.lda) + f) : z4;
+            vb[b] = ok && gl  ? mk_ldcg4((const float4 *) (x.b + mm*x.ldb) + f)
+                  : ok && res ? mk_ldcg4((const float4 *) (x.res_h + mm*x.lda) + f) : z4;
+            vw[b] = ok && res  ? ((const float4 *) x.res_nw)[f] : z4;
+            vn[b] = ok && x.nw ? ((const float4 *) x.nw)[f] : z4;
         }
         MK_UNROLL
         for (int b = 0; b < MK_SB; ++b) {
             const int i = i0 + b;
-            const int m = i / NJ;
-            const int f = t + (i % NJ)*MK_THREADS;
             if (i >= NI) {
                 continue;
             }
-            const bool ok = f < F;   // (zeros otherwise: such a lane still runs the shuffles of the direct rounding)
+            const int m = i / NJ;
+            const int f = t + (i % NJ)*MK_THREADS;
+            const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
             float4 v = va[b];
             if (gl) {
                 v = mk_f4(__fmul_rn(mk_gelu(v.x), vb[b].x), __fmul_rn(mk_gelu(v.y), vb[b].y),
                           __fmul_rn(mk_gelu(v.z), vb[b].z), __fmul_rn(mk_gelu(v.w), vb[b].w));
             } else if (res) {
-                const float4 hn = mk_mul4(mk_scale4(vb[b], mk_pick(rh, m)), vw[b]);
+                const float4 hn = mk_mul4(mk_scale4(vb[b], rh[m]), vw[b]);
                 v = mk_scale4(mk_f4(__fadd_rn(v.x, hn.x), __fadd_rn(v.y, hn.y), __fadd_rn(v.z, hn.z), __fadd_rn(v.w, hn.w)),
                               x.res_scale);
-                if (blockIdx.x == 0 && ok) {
-                    float * o = x.res_out + (size_t) (m0 + m)*x.lda + 4*f;
-                    if (v4a && 4*f + 4 <= K) {
-                        *(float4 *) o = v;
-                    } else {
-                        const float vv[4] = { v.x, v.y, v.z, v.w };
-                        for (int j = 0; j < 4 && 4*f + j < K; ++j) {
-                            o[j] = vv[j];
-                        }
-                    }
+                if (blockIdx.x == 0 && f < F4) {
+                    ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
                 }
             }
             if (x.nw) {
-                mk_add_at(ss, m, mk_sq4(v, 0.0f));
+                ss[m] = mk_sq4(v, ss[m]);
                 v = mk_mul4(v, vn[b]);
             }
             if (direct) {
@@ -576,12 +524,11 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         __syncthreads();
         return;
     }
-    float rn[MK_M];   // 1/rms of the staged values (the norm), per column
     if (x.nw) {
         mk_block_sums(ss, Mc, red + MK_WARPS*MK_M);
-        MK_UNROLL
-        for (int m = 0; m < MK_M; ++m) {
-            rn[m] = 1.0f/sqrtf(ss[m]/K + eps);
+#pragma unroll 1
+        for (int m = 0; m < Mc; ++m) {
+            ss[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
     } else {
         __syncthreads();
@@ -591,7 +538,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     // the norm's scale, and the 8-bit rounding of each 32-value group (8 consecutive lanes hold one group;
     // every lane of a warp runs the shuffles)
     if (x.nw || q8) {
-        const int lane = t % WARP_SIZE;
+#pragma unroll 1
         for (int i = 0; i < NI; ++i) {
             const int m = i / NJ;
             const int f = t + (i % NJ)*MK_THREADS;
@@ -599,7 +546,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             float4 * p = (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
             float4 v = ok ? *p : z4;
             if (x.nw) {
-                v = mk_scale4(v, mk_pick(rn, m));
+                v = mk_scale4(v, ss[m]);
                 if (ok) {
                     *p = v;
                 }
@@ -1219,8 +1166,19 @@ MK_DEVICE_FN void mk_pl_inputs(const mk_args & a, int M) {
 
 // ---------------------------------------------------------------------------------------------
 
-MK_KERNEL mk_decode_kernel(const mk_args a) {
+MK_KERNEL mk_decode_kernel(const mk_args ka) {
     MK_SHARED_DYN(float4, smem);
+    // the launch's arguments and the descriptors of the mat-vecs live in shared memory: one copy per block.
+    // (Passed by reference to the phases, a per-thread copy would be local memory: a few hundred bytes x 512
+    // threads per call, far more than the L1 left beside the shared memory, so every phase paid L2 round trips.)
+    MK_SHARED(mk_args, s_a, 1);
+    MK_SHARED(mk_mv,   s_mv, 2);   // the mat-vec begun last, and the one before
+    MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
+    if (threadIdx.x == 0) {
+        s_a[0] = ka;
+    }
+    __syncthreads();
+    const mk_args & a = s_a[0];
     float   * xs = (float *) smem;                       // staged mat-vec inputs; the heads' scratch
     uint8_t * ws = (uint8_t *) smem + MK_XS_BYTES + MK_XQ_BYTES;  // weight stages
 
@@ -1261,16 +1219,40 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
     };
     const bool ple = md.n_embd_pl > 0;
 
+    // begin(f): thread 0 writes the descriptor f() makes into the next slot, then every warp issues its first
+    // weight tiles; run(fx): the same for the inputs, then the mat-vec of the slot begun last
+    int cur = 1;
+    auto begin = [&](auto f) {
+        cur ^= 1;
+        if (threadIdx.x == 0) {
+            s_mv[cur] = f();
+        }
+        __syncthreads();
+        mk_mv_begin(s_mv[cur], ws);
+    };
+    auto run = [&](auto fx) {
+        if (threadIdx.x == 0) {
+            s_xin[0] = fx();
+        }
+        __syncthreads();
+        mk_mv_run(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+    };
+    auto plain = [&](const float * in, int ld) {
+        return [=]() {
+            mk_xin xi = { MK_X_PLAIN, in, ld, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
+            return xi;
+        };
+    };
+
     if (ple) {
-        mk_mv_begin(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), ws);
+        begin([&]() { return mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f); });
         mk_grid_sync(a, MK_PH_EMBD);
-        mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-        mk_mv_run(mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f), xi, M, eps, xs, ws, a.prof);
-        mk_mv_begin(mv_qkv(0), ws);
+        run(plain(xc, n));
+        begin([&]() { return mv_qkv(0); });
         mk_grid_sync(a, MK_PH_PL_PROJ);
         mk_pl_inputs(a, M);
     } else {
-        mk_mv_begin(mv_qkv(0), ws);
+        begin([&]() { return mv_qkv(0); });
     }
     mk_grid_sync(a, ple ? MK_PH_PL_IN : MK_PH_EMBD);
 
@@ -1292,9 +1274,9 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         const ggml_mk_layer & L = md.layers[il];
 
         // Q, K, V of rmsnorm(x) * attn_norm
-        mk_mv_run(mv_qkv(il), xin_res(L.attn_norm), M, eps, xs, ws, a.prof);
+        run([&]() { return xin_res(L.attn_norm); });
         res_applied();
-        mk_mv_begin(mv_one(L.wo, a.h, n, 0.0f), ws);
+        begin([&]() { return mv_one(L.wo, a.h, n, 0.0f); });
         mk_grid_sync(a, MK_PH_QKV);
 
         mk_heads(a, il, M, xs);
@@ -1307,58 +1289,54 @@ MK_KERNEL mk_decode_kernel(const mk_args a) {
         }
         mk_grid_sync(a, MK_PH_ATTN);
 
-        {
-            mk_xin xi = { MK_X_PLAIN, a.att, md.max_q, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-            mk_mv_run(mv_one(L.wo, a.h, n, 0.0f), xi, M, eps, xs, ws, a.prof);
-        }
-        mk_mv ffn = {};
-        ffn.jobs[0] = { L.ffn_gate, a.g, md.max_ff, 0.0f };
-        ffn.jobs[1] = { L.ffn_up,   a.g, md.max_ff, 0.0f };
-        ffn.n_jobs  = 2;
-        ffn.pair    = 1;
-        mk_mv_begin(ffn, ws);
+        run(plain(a.att, md.max_q));
+        begin([&]() {
+            mk_mv ffn = {};
+            ffn.jobs[0] = { L.ffn_gate, a.g, md.max_ff, 0.0f };
+            ffn.jobs[1] = { L.ffn_up,   a.g, md.max_ff, 0.0f };
+            ffn.n_jobs  = 2;
+            ffn.pair    = 1;
+            return ffn;
+        });
         mk_grid_sync(a, MK_PH_WO);
         res_nw = L.attn_post_norm;
         res_scale = 1.0f;
 
         // gelu(gate) * up of rmsnorm(x) * ffn_norm, after the attention residual
-        mk_mv_run(ffn, xin_res(L.ffn_norm), M, eps, xs, ws, a.prof);
+        run([&]() { return xin_res(L.ffn_norm); });
         res_applied();
-        mk_mv_begin(mv_one(L.ffn_down, a.h, n, 0.0f), ws);
+        begin([&]() { return mv_one(L.ffn_down, a.h, n, 0.0f); });
         mk_grid_sync(a, MK_PH_FFN);
 
-        {
-            mk_xin xi = { MK_X_PLAIN, a.g, md.max_ff, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
-            mk_mv_run(mv_one(L.ffn_down, a.h, n, 0.0f), xi, M, eps, xs, ws, a.prof);
-        }
+        run(plain(a.g, md.max_ff));
         res_nw = L.ffn_post_norm;
         res_scale = ple ? 1.0f : L.out_scale;
 
         if (ple) {
-            mk_mv_begin(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), ws);
+            begin([&]() { return mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f); });
             mk_grid_sync(a, MK_PH_DOWN);
-            mk_mv_run(mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f), xin_res(nullptr), M, eps, xs, ws, a.prof);
+            run([&]() { return xin_res(nullptr); });
             res_applied();
-            mk_mv_begin(mv_one(L.pl_proj, a.h, n, 0.0f), ws);
+            begin([&]() { return mv_one(L.pl_proj, a.h, n, 0.0f); });
             mk_grid_sync(a, MK_PH_PL_GATE);
-            {
+            run([&]() {
                 mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
                               nullptr, nullptr, 1.0f, nullptr, nullptr };
-                mk_mv_run(mv_one(L.pl_proj, a.h, n, 0.0f), xi, M, eps, xs, ws, a.prof);
-            }
+                return xi;
+            });
             res_nw = L.pl_post_norm;
             res_scale = L.out_scale;
         }
         if (il + 1 < md.n_layer) {
-            mk_mv_begin(mv_qkv(il + 1), ws);
+            begin([&]() { return mv_qkv(il + 1); });
         } else {
-            mk_mv_begin(mv_one(md.output, a.logits, md.n_vocab, md.softcap), ws);
+            begin([&]() { return mv_one(md.output, a.logits, md.n_vocab, md.softcap); });
         }
         mk_grid_sync(a, ple ? MK_PH_PL_LAYER : MK_PH_DOWN);
     }
 
     // LM head of rmsnorm(x) * output_norm after the last residual, final softcap
-    mk_mv_run(mv_one(md.output, a.logits, md.n_vocab, md.softcap), xin_res(md.output_norm), M, eps, xs, ws, a.prof);
+    run([&]() { return xin_res(md.output_norm); });
     if (a.prof) {
         mk_grid_sync(a, MK_PH_LM_HEAD);
     }

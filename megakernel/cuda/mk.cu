@@ -38,14 +38,8 @@ static __device__ __forceinline__ float mk_ldcg(const float * p) {
     asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
     return v;
 }
-static __device__ __forceinline__ unsigned short mk_ldcg(const unsigned short * p) {
-    unsigned short v;
-    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
-    return v;
-}
 #else
 static __device__ __forceinline__ float          mk_ldcg(const float * p)          { return __ldcg(p); }
-static __device__ __forceinline__ unsigned short mk_ldcg(const unsigned short * p) { return __ldcg(p); }
 #endif
 static __device__ __forceinline__ float4 mk_ldcg4(const float4 * p) {
     float4 v;
@@ -171,8 +165,26 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
             }
         }
         for (const auto & [name, w] : ws) {
-            if ((w->ne0 + 31)/32*32 > MK_XS_CAP) {
-                snprintf(err, err_size, "%s has rows of %d values (up to %d supported)", name.c_str(), w->ne0, MK_XS_CAP);
+            if ((w->ne0 + 31)/32*32 > MK_XS_CAP || w->ne0 % 4 != 0) {
+                snprintf(err, err_size, "%s has rows of %d values (a multiple of 4 up to %d supported)", name.c_str(), w->ne0, MK_XS_CAP);
+                delete mk;
+                return nullptr;
+            }
+        }
+        // the norm vectors are read 16 bytes at a time by the staging
+        std::vector<std::pair<std::string, const float *>> nv = { { "output_norm", model->output_norm } };
+        for (int il = 0; il < model->n_layer; ++il) {
+            const ggml_mk_layer & L = model->layers[il];
+            const std::string b = "blk." + std::to_string(il) + ".";
+            nv.push_back({ b + "attn_norm", L.attn_norm });
+            nv.push_back({ b + "post_attention_norm", L.attn_post_norm });
+            nv.push_back({ b + "ffn_norm", L.ffn_norm });
+            nv.push_back({ b + "post_ffw_norm", L.ffn_post_norm });
+            nv.push_back({ b + "post_norm", L.pl_post_norm });
+        }
+        for (const auto & [name, v] : nv) {
+            if ((uintptr_t) v % 16 != 0) {
+                snprintf(err, err_size, "%s is not 16-byte aligned", name.c_str());
                 delete mk;
                 return nullptr;
             }

@@ -146,7 +146,6 @@ inline void * emu_shared(int id, size_t bytes) {
 
 static inline float mk_f16(uint16_t u) { half h; h.bits = u; return __half2float(h); }
 static inline float          mk_ldcg(const float * p)          { return *(const volatile float *) p; }
-static inline unsigned short mk_ldcg(const unsigned short * p) { return *(const volatile unsigned short *) p; }
 static inline unsigned long long mk_clock_ns() { return 0; }
 static inline unsigned       mk_ldcg_u32(const unsigned * p)       { return *(const volatile unsigned *) p; }
 static inline float4         mk_ldcg4(const float4 * p) { const volatile float * q = (const volatile float *) p; float4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
