@@ -58,6 +58,21 @@ def header_version(tree: Path | None = None) -> tuple[int, int, int]:
     return out[0], out[1], out[2]
 
 
+def oldest_server_version(tree: Path | None = None) -> tuple[int, int, int]:
+    """The oldest server a client of the applied tree accepts (patch 0065's RPC_PROTO_MIN_SERVER_{MINOR,PATCH}_VERSION,
+    same major): one that knows every tensor type and op of the client."""
+    h = Path(tree or config.default_tree()) / "ggml" / "include" / "ggml-rpc.h"
+    text = h.read_text()
+    out = []
+    for part in ("MINOR", "PATCH"):
+        m = re.search(rf"#define\s+RPC_PROTO_MIN_SERVER_{part}_VERSION\s+(\d+)", text)
+        if not m:
+            raise HarnessError(f"{h}: no RPC_PROTO_MIN_SERVER_{part}_VERSION define (apply the series: python "
+                               f"harness/build.py --apply)")
+        out.append(int(m.group(1)))
+    return header_version(tree)[0], out[0], out[1]
+
+
 def fmt_version(v: tuple[int, int, int]) -> str:
     return ".".join(str(x) for x in v)
 
@@ -113,28 +128,38 @@ def parse_endpoints(spec: str) -> list[tuple[str, int]]:
     return out
 
 
-def compatible(client: tuple[int, int, int], srv: tuple[int, int, int]) -> str | None:
-    """None when a client of version `client` accepts a server of version `srv` (the rule of patch
-    0060's negotiate_hello), else the reason it refuses."""
+def compatible(client: tuple[int, int, int], srv: tuple[int, int, int],
+               oldest: tuple[int, int, int]) -> str | None:
+    """None when a client of version `client` accepts a server of version `srv` (the rule of
+    negotiate_hello, patches 0060 and 0065; `oldest` from oldest_server_version), else the reason it
+    refuses."""
     if srv[0] != client[0]:
         return "the major versions differ"
     if srv[1] > client[1]:
         return "the server is newer, update the client"
-    if srv[1] == client[1] and srv[2] < client[2]:
+    if srv[1:] < oldest[1:]:
         return "the server is older and may not know every tensor type or op of this client, update the server"
     return None
 
 
-def check_endpoints(spec: str, client: tuple[int, int, int] | None = None, timeout: float = 5.0) -> None:
+def check_endpoints(spec: str, client: tuple[int, int, int] | None = None, timeout: float = 5.0,
+                    oldest: tuple[int, int, int] | None = None) -> None:
     """Before starting llama-server with --rpc: every endpoint answers HELLO with a version this build
-    accepts. Fails early, naming the endpoint and both versions."""
+    accepts. Fails early, naming the endpoint and both versions. An older server that is still accepted
+    gets a warning: before 7.1 a server cannot say which ops its backend supports (patch 0065), so the
+    client assumes it supports every op, as upstream did, and an op it lacks aborts it."""
     client = client or header_version()
+    oldest = oldest or oldest_server_version()
     for host, port in parse_endpoints(spec):
         v = hello(host, port, timeout)
-        why = compatible(client, v)
+        why = compatible(client, v, oldest)
         if why:
             raise HarnessError(f"rpc-server {host}:{port} speaks protocol {fmt_version(v)}, this build "
                                f"{fmt_version(client)}: {why}")
+        if v[:2] < client[:2]:
+            say(f"WARNING: rpc-server {host}:{port} speaks protocol {fmt_version(v)}, this build "
+                f"{fmt_version(client)}: accepted, but an older server may not answer which ops its backend "
+                f"supports (7.1 does), and then every op is assumed supported; update the server")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -307,10 +307,11 @@ class FakePeer:
         self.sock.close()
 
 
-@pytest.mark.parametrize("kind", ["older patch", "older major"])
+@pytest.mark.parametrize("kind", ["older than the oldest accepted", "older major"])
 def test_protocol_mismatch_refused_naming_both(bin_dir, gemma_model, llama_tree, kind):
     client = rpc.header_version(llama_tree)
-    old = (client[0], client[1], client[2] - 1) if kind == "older patch" else (client[0] - 1, 9, 9)
+    oldest = rpc.oldest_server_version(llama_tree)   # 7.0.1: the first server that knows STQ1_0
+    old = (client[0] - 1, 9, 9) if kind == "older major" else (oldest[0], oldest[1], oldest[2] - 1)
     assert min(old) >= 0
     peer = FakePeer(old)
     try:
@@ -361,14 +362,17 @@ def test_client_gone_does_not_kill_server(bin_dir):
         rpc.stop(name)
 
 
-def test_compatibility_rule():
-    c = (7, 0, 1)
-    assert rpc.compatible(c, (7, 0, 1)) is None
-    assert rpc.compatible(c, (7, 0, 2)) is None      # a newer patch level still knows our types
-    assert "older" in rpc.compatible(c, (7, 0, 0))
-    assert "newer" in rpc.compatible(c, (7, 1, 0))
-    assert "major" in rpc.compatible(c, (6, 0, 1))
-    assert "major" in rpc.compatible(c, (8, 0, 1))
+def test_compatibility_rule(llama_tree):
+    c, oldest = (7, 1, 0), (7, 0, 1)
+    assert (rpc.header_version(llama_tree), rpc.oldest_server_version(llama_tree)) == (c, oldest)
+    assert rpc.compatible(c, (7, 1, 0), oldest) is None
+    assert rpc.compatible(c, (7, 1, 2), oldest) is None   # a newer patch level still knows our types
+    assert rpc.compatible(c, (7, 0, 1), oldest) is None   # knows every type; not asked supports_op (0065)
+    assert rpc.compatible(c, (7, 0, 4), oldest) is None
+    assert "older" in rpc.compatible(c, (7, 0, 0), oldest)   # no STQ1_0
+    assert "newer" in rpc.compatible(c, (7, 2, 0), oldest)
+    assert "major" in rpc.compatible(c, (6, 0, 1), oldest)
+    assert "major" in rpc.compatible(c, (8, 0, 1), oldest)
 
 
 def test_real_server_reports_header_version(bin_dir, rpc_pair, llama_tree):
