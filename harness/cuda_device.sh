@@ -171,6 +171,23 @@ remote() {
                 for op in MUL_MAT MUL_MAT_ID GET_ROWS CPY; do
                     "$rb/bin/test-backend-ops" test -b RPC0 --rpc 127.0.0.1:$port -o "$op" -p stq1_0 2>&1 | grep -E 'stq1_0|tests passed|FAIL|not supported|Backend' | grep -v ': OK$' | tail -40 || true
                 done
+                # patch 0065: the server answers supports_op for its device, so RPC0 must answer like CUDA0 (same GPU)
+                echo "== $(date -u +%FT%TZ) test-backend-ops support: RPC0 (the CUDA rpc-server) vs CUDA0, every case"
+                "$rb/bin/test-backend-ops" support -b CUDA0 > "$work/support-cuda0.txt" 2>&1 || true
+                "$rb/bin/test-backend-ops" support -b RPC0 --rpc 127.0.0.1:$port > "$work/support-rpc0.txt" 2>&1 || true
+                python3 - "$work/support-cuda0.txt" "$work/support-rpc0.txt" <<'PY' || true
+import re, sys
+def parse(path):
+    text = re.sub(r"\x1b\[[0-9;]*m", "", open(path, errors="replace").read())
+    return dict(re.findall(r"^\s+(\S.*): (NOT SUPPORTED|SUPPORTED)\s*$", text, re.M))
+a, b = parse(sys.argv[1]), parse(sys.argv[2])
+differ = [k for k in a if b.get(k) != a[k]]
+refused = sum(v == "NOT SUPPORTED" for v in a.values())
+print(f"CUDA0: {len(a)} cases, {refused} not supported; RPC0: {len(b)} cases; answered differently: {len(differ)}")
+for k in differ[:20]:
+    print(f"  differs: {k}: CUDA0 {a[k]}, RPC0 {b.get(k)}")
+PY
+                kill -0 $rpid 2>/dev/null && echo "rpc-server alive after the STQ1_0 cases and the support queries" || echo "!! the rpc-server died (see rpc-server.log)"
                 kill $rpid || true
                 wait $rpid 2>/dev/null || true
                 if [ -n "${STQ_RPC_MODEL:-}" ] && [ -f "$STQ_RPC_MODEL" ]; then
