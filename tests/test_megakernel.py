@@ -86,7 +86,7 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
     src = source_tree(cpu_build)
     exe = tmp_path_factory.mktemp("mk_kernel_emu") / "mk_kernel_emu"
     lib = cpu_build / "bin"
-    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_XS_CAP=512", "-DMK_SB=3", "-DMK_WARPS=8", "-DMK_ATT_S=1", f"-I{src}/ggml/include",
+    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_XS_CAP=512", "-DMK_SB=3", f"-I{src}/ggml/include",
            f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{KERNEL_EMU.parent}", str(KERNEL_EMU), "-o", str(exe),
            f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)

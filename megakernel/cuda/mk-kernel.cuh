@@ -12,9 +12,7 @@
 
 #include "ggml-mk.h"
 
-#ifndef MK_WARPS
-#define MK_WARPS   16   // (the host emulation test builds with 8: smaller attention groups)
-#endif
+#define MK_WARPS   16
 #define MK_THREADS (MK_WARPS*WARP_SIZE)
 #define MK_M       GGML_MK_MAX_TOKENS
 
@@ -32,10 +30,10 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 #ifndef MK_XS_CAP
 #define MK_XS_CAP      20480   // (the host emulation test builds with a small cap: the multi-pass path)
 #endif
-// (the same memory is the scratch of the heads phase, one head vector, and of the attention, one partial per warp)
+// (the same memory is the heads phase's scratch: at least one head vector)
 #define MK_XS_BYTES_CAP (MK_XS_CAP/32*36*sizeof(float))
-#define MK_SCRATCH_BYTES (MK_WARPS*(4 + GGML_MK_MAX_HEAD_DIM)*sizeof(float))
-#define MK_XS_BYTES     (MK_XS_BYTES_CAP > MK_SCRATCH_BYTES ? MK_XS_BYTES_CAP : MK_SCRATCH_BYTES)
+#define MK_HEADS_BYTES  (GGML_MK_MAX_HEAD_DIM*sizeof(float))
+#define MK_XS_BYTES     (MK_XS_BYTES_CAP > MK_HEADS_BYTES ? MK_XS_BYTES_CAP : MK_HEADS_BYTES)
 // and the same inputs rounded to 8 bits per 32-value group for the integer dot products of Q4_0 and
 // Q8_0 weights (llama.cpp's q8_1 rounding: d = max|x|/127, q = round(x/d)): 48-byte records, 32 int8
 // values, d, sum of q, padding (conflict-free 16-byte reads)
@@ -364,45 +362,24 @@ MK_DEVICE float4 mk_scale4(const float4 & a, float s) {
     return mk_f4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
 }
 
-// per-column values in registers (a run-time index would put the array in local memory): v[m], v[m] += x
-MK_DEVICE float mk_pick(const float (&v)[MK_M], int m) {
-    float r = v[0];
-    MK_UNROLL
-    for (int j = 1; j < MK_M; ++j) {
-        r = m == j ? v[j] : r;
-    }
-    return r;
-}
-
-MK_DEVICE void mk_add_at(float (&v)[MK_M], int m, float x) {
-    MK_UNROLL
-    for (int j = 0; j < MK_M; ++j) {
-        v[j] = m == j ? v[j] + x : v[j];
-    }
-}
-
 // ss[m] (m < Mc) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
 // warps in order), returned to every thread; red: MK_WARPS*MK_M floats not in use by another sum
-MK_DEVICE void mk_block_sums(float (&ss)[MK_M], int Mc, float * red) {
+MK_DEVICE void mk_block_sums(float * ss, int Mc, float * red) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    MK_UNROLL
-    for (int m = 0; m < MK_M; ++m) {
-        if (m < Mc) {
-            const float s = mk_warp_sum(ss[m]);
-            if (lane == 0) {
-                red[warp*MK_M + m] = s;
-            }
+#pragma unroll 1
+    for (int m = 0; m < Mc; ++m) {
+        const float s = mk_warp_sum(ss[m]);
+        if (lane == 0) {
+            red[warp*MK_M + m] = s;
         }
     }
     __syncthreads();
-    MK_UNROLL
-    for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+    for (int m = 0; m < Mc; ++m) {
         float t = 0.0f;
-        if (m < Mc) {
-            for (int w = 0; w < MK_WARPS; ++w) {
-                t += red[w*MK_M + m];
-            }
+        for (int w = 0; w < MK_WARPS; ++w) {
+            t += red[w*MK_M + m];
         }
         ss[m] = t;
     }
@@ -459,12 +436,12 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const bool res = x.res_h != nullptr;
     const bool gl  = x.mode == MK_X_GEGLU;
     const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
-    float ss[MK_M];   // per column: sums of squares, then 1/rms (registers: mk_pick, mk_add_at)
+    float ss[MK_M];   // per column: sums of squares, then 1/rms (run-time indexed)
     float rh[MK_M];
 
     if (res) {
-        MK_UNROLL
-        for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+        for (int m = 0; m < Mc; ++m) {
             ss[m] = 0.0f;
         }
 #pragma unroll 1
@@ -479,20 +456,20 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
                 if (i0 + b < NI) {
-                    mk_add_at(ss, (i0 + b) / NJ, mk_sq4(v[b], 0.0f));
+                    ss[(i0 + b) / NJ] = mk_sq4(v[b], ss[(i0 + b) / NJ]);
                 }
             }
         }
         mk_block_sums(ss, Mc, red);
-        MK_UNROLL
-        for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+        for (int m = 0; m < Mc; ++m) {
             rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
 
-    MK_UNROLL
-    for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+    for (int m = 0; m < Mc; ++m) {
         ss[m] = 0.0f;
     }
 #pragma unroll 1
@@ -524,7 +501,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 v = mk_f4(__fmul_rn(mk_gelu(v.x), vb[b].x), __fmul_rn(mk_gelu(v.y), vb[b].y),
                           __fmul_rn(mk_gelu(v.z), vb[b].z), __fmul_rn(mk_gelu(v.w), vb[b].w));
             } else if (res) {
-                const float4 hn = mk_mul4(mk_scale4(vb[b], mk_pick(rh, m)), vw[b]);
+                const float4 hn = mk_mul4(mk_scale4(vb[b], rh[m]), vw[b]);
                 v = mk_scale4(mk_f4(__fadd_rn(v.x, hn.x), __fadd_rn(v.y, hn.y), __fadd_rn(v.z, hn.z), __fadd_rn(v.w, hn.w)),
                               x.res_scale);
                 if (blockIdx.x == 0 && f < F4) {
@@ -532,7 +509,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 }
             }
             if (x.nw) {
-                mk_add_at(ss, m, mk_sq4(v, 0.0f));
+                ss[m] = mk_sq4(v, ss[m]);
                 v = mk_mul4(v, vn[b]);
             }
             if (direct) {
@@ -549,8 +526,8 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     }
     if (x.nw) {
         mk_block_sums(ss, Mc, red + MK_WARPS*MK_M);
-        MK_UNROLL
-        for (int m = 0; m < MK_M; ++m) {
+#pragma unroll 1
+        for (int m = 0; m < Mc; ++m) {
             ss[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
     } else {
@@ -569,7 +546,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             float4 * p = (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
             float4 v = ok ? *p : z4;
             if (x.nw) {
-                v = mk_scale4(v, mk_pick(ss, m));
+                v = mk_scale4(v, ss[m]);
                 if (ok) {
                     *p = v;
                 }
@@ -915,43 +892,38 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// attention, split over the cells in groups: a block takes one (token, head, group of MK_WARPS*MK_ATT_S
-// chunks of att_chunk cells, counted from cell 0); its warp w takes the group's chunks w*MK_ATT_S ..
-// (w+1)*MK_ATT_S-1 (an online softmax over their visible cells, CPI at a time); the warps' partials are combined
-// in warp order in shared memory; with more than one group, the block that finishes a (token, head) last
-// combines the groups' partials in group order. Chunk, group and step bounds are fixed by the cell numbers
-// alone and cells a token does not see add nothing, so a token's result does not depend on the step's n_kv or
-// M. Lanes own dimension pairs d = 2*lane + 64*i (+1), i < NP.
+// attention, split over the cells: one warp per (token, head, chunk of att_chunk cells counted from
+// cell 0), online softmax over the chunk's visible cells 4 at a time; the warp that finishes a
+// (token, head) last combines its chunks in chunk order. Chunk bounds and order are fixed by the
+// cell numbers alone, so a token's result does not depend on the step's n_kv or M.
+// Lanes own dimension pairs d = 2*lane + 64*i (+1), i < NP.
 
 MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u & 0xffff))); }
 MK_DEVICE float mk_hi(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u >> 16))); }
 
-#ifndef MK_ATT_S
-#define MK_ATT_S 2   // chunks per warp in an attention group
-#endif
-
 template <int NP>
-MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M, float * sm) {
+MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane   = threadIdx.x % WARP_SIZE;
-    const int w      = threadIdx.x / WARP_SIZE;
+    const int warp   = blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
+    const int nwarps = gridDim.x*MK_WARPS;
     const int hd     = L.head_dim;
     const int np     = hd/64;
     const int cache  = L.is_swa ? 1 : 0;
     const int n_kv   = st.n_kv[cache];
-    const int GC     = MK_WARPS*MK_ATT_S*a.m->att_chunk;   // cells per group
-    const int ngrp   = (n_kv + GC - 1)/GC;
+    const int CH     = a.m->att_chunk;
+    const int nch    = (n_kv + CH - 1)/CH;
     const ggml_mk_kv_view & kv = st.kv[il];
     const int gqa    = L.n_head / L.n_head_kv;
     const bool vt    = kv.v_sd != 2;   // transposed V: the CPI cells of one dimension are contiguous
-    const int PS     = 4 + a.m->max_head_dim;   // a partial: max, sum, -, -, acc[head_dim]
+    const int PS     = 4 + a.m->max_head_dim;
 
-    for (int u = blockIdx.x; u < M*L.n_head*ngrp; u += gridDim.x) {
-        const int g   = u % ngrp;
-        const int mh  = u / ngrp;
+    for (int u = warp; u < M*L.n_head*nch; u += nwarps) {
+        const int ch  = u % nch;
+        const int mh  = u / nch;
         const int m   = mh / L.n_head;
         const int h   = mh % L.n_head;
         const int hkv = h / gqa;
@@ -970,10 +942,9 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M, float * sm) {
         float l  = 0.0f;
         const char * kb = (const char *) kv.k + hkv*kv.k_sh + 4*lane;
         const char * vb = (const char *) kv.v + hkv*kv.v_sh;
-        const int cw0 = g*GC + w*MK_ATT_S*a.m->att_chunk;   // this warp's cells
-        const int cw1 = min(n_kv, cw0 + MK_ATT_S*a.m->att_chunk);
-        for (int c = cw0; c < cw1; c += CPI) {
-            const int c1 = min(cw1, c + CPI);
+        const int c0 = ch*CH;
+        const int c1 = min(n_kv, c0 + CH);
+        for (int c = c0; c < c1; c += CPI) {
             // the step's mask (one load per lane) and its cells' K and V rows are loaded together (cells below
             // n_kv are valid memory, masked or not): one round trip per step; masked cells are skipped below
             const float mlane = lane < CPI && c + lane < c1 ? mask[c + lane] : -INFINITY;
@@ -1001,10 +972,10 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M, float * sm) {
                         const unsigned * p0 = (const unsigned *) (vb + (size_t) d*kv.v_sd + (size_t) c*kv.v_sc);
                         const unsigned * p1 = (const unsigned *) (vb + (size_t) (d + 1)*kv.v_sd + (size_t) c*kv.v_sc);
 #pragma unroll
-                        for (int j2 = 0; j2 < CPI/2; ++j2) {
-                            if (c + 2*j2 < c1) {
-                                vr[j2][i]         = mk_ldcg_u32(p0 + j2);
-                                vr[CPI/2 + j2][i] = mk_ldcg_u32(p1 + j2);
+                        for (int w = 0; w < CPI/2; ++w) {
+                            if (c + 2*w < c1) {
+                                vr[w][i]         = mk_ldcg_u32(p0 + w);
+                                vr[CPI/2 + w][i] = mk_ldcg_u32(p1 + w);
                             }
                         }
                     }
@@ -1076,8 +1047,9 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M, float * sm) {
             mx = mn;
         }
 
-        // the warps' partials -> shared memory, combined in warp order by warp 0
-        float * P = sm + (size_t) w*PS;
+        // this chunk's partial result, then the (token, head)'s chunk count
+        float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
+        float * P = part + (size_t) ch*PS;
         if (lane == 0) {
             P[0] = mx;
             P[1] = l;
@@ -1089,129 +1061,75 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M, float * sm) {
                 P[4 + 2*lane + 64*i + 1] = a1[i];
             }
         }
-        __syncthreads();
-        if (w == 0) {
-            float gm = -INFINITY;
-            for (int k = 0; k < MK_WARPS; ++k) {
-                if (sm[k*PS + 1] > 0.0f) {
-                    gm = fmaxf(gm, sm[k*PS]);
-                }
-            }
-            float gl = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NP; ++i) {
-                a0[i] = 0.0f;
-                a1[i] = 0.0f;
-            }
-            for (int k = 0; k < MK_WARPS; ++k) {
-                const float * Pk = sm + (size_t) k*PS;
-                if (!(Pk[1] > 0.0f)) {
-                    continue;
-                }
-                const float wk = expf(Pk[0] - gm);
-                gl = fmaf(Pk[1], wk, gl);
-#pragma unroll
-                for (int i = 0; i < NP; ++i) {
-                    if (i < np) {
-                        a0[i] = fmaf(wk, Pk[4 + 2*lane + 64*i],     a0[i]);
-                        a1[i] = fmaf(wk, Pk[4 + 2*lane + 64*i + 1], a1[i]);
-                    }
-                }
-            }
-            float * out = a.att + (size_t) m*a.m->max_q + h*hd;
-            if (ngrp == 1) {
-                const float inv = gl > 0.0f ? 1.0f/gl : 0.0f;
-#pragma unroll
-                for (int i = 0; i < NP; ++i) {
-                    if (i < np) {
-                        out[2*lane + 64*i]     = a0[i]*inv;
-                        out[2*lane + 64*i + 1] = a1[i]*inv;
-                    }
-                }
-            } else {
-                // the group's partial, then the (token, head)'s group count; the last group combines
-                float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
-                float * G = part + (size_t) g*PS;
-                if (lane == 0) {
-                    G[0] = gm;
-                    G[1] = gl;
-                }
-#pragma unroll
-                for (int i = 0; i < NP; ++i) {
-                    if (i < np) {
-                        G[4 + 2*lane + 64*i]     = a0[i];
-                        G[4 + 2*lane + 64*i + 1] = a1[i];
-                    }
-                }
-                __threadfence();
-                __syncwarp();
-                unsigned done = 0;
-                if (lane == 0) {
-                    done = atomicAdd(a.att_cnt + mh, 1u);
-                }
-                done = __shfl_sync(0xffffffff, done, 0);
-                if (done == (unsigned) ngrp - 1) {
-                    // the groups' partials in group order (headers one per lane; every group's loads issued,
-                    // 4 groups in flight; only the arithmetic skips empty groups)
-                    __threadfence();
-                    float tm = -INFINITY;
-                    for (int k0 = 0; k0 < ngrp; k0 += WARP_SIZE) {
-                        const int k = k0 + lane;
-                        if (k < ngrp) {
-                            const float lk = mk_ldcg(part + (size_t) k*PS + 1);
-                            const float mk = mk_ldcg(part + (size_t) k*PS);
-                            if (lk > 0.0f) {
-                                tm = fmaxf(tm, mk);
-                            }
-                        }
-                    }
-#pragma unroll
-                    for (int o = WARP_SIZE/2; o > 0; o >>= 1) {
-                        tm = fmaxf(tm, __shfl_xor_sync(0xffffffff, tm, o));
-                    }
-                    float tl = 0.0f;
-#pragma unroll
-                    for (int i = 0; i < NP; ++i) {
-                        a0[i] = 0.0f;
-                        a1[i] = 0.0f;
-                    }
-#pragma unroll 4
-                    for (int k = 0; k < ngrp; ++k) {
-                        const float * Pk = part + (size_t) k*PS;
-                        const float lk = mk_ldcg(Pk + 1);
-                        const float mk = mk_ldcg(Pk);
-                        float c0[NP], c1[NP];
-#pragma unroll
-                        for (int i = 0; i < NP; ++i) {
-                            c0[i] = i < np ? mk_ldcg(Pk + 4 + 2*lane + 64*i)     : 0.0f;
-                            c1[i] = i < np ? mk_ldcg(Pk + 4 + 2*lane + 64*i + 1) : 0.0f;
-                        }
-                        if (!(lk > 0.0f)) {
-                            continue;
-                        }
-                        const float wk = expf(mk - tm);
-                        tl = fmaf(lk, wk, tl);
-#pragma unroll
-                        for (int i = 0; i < NP; ++i) {
-                            a0[i] = fmaf(wk, c0[i], a0[i]);
-                            a1[i] = fmaf(wk, c1[i], a1[i]);
-                        }
-                    }
-                    const float inv = tl > 0.0f ? 1.0f/tl : 0.0f;
-#pragma unroll
-                    for (int i = 0; i < NP; ++i) {
-                        if (i < np) {
-                            out[2*lane + 64*i]     = a0[i]*inv;
-                            out[2*lane + 64*i + 1] = a1[i]*inv;
-                        }
-                    }
-                    if (lane == 0) {
-                        atomicExch(a.att_cnt + mh, 0u);
-                    }
+        __threadfence();
+        __syncwarp();
+        unsigned done = 0;
+        if (lane == 0) {
+            done = atomicAdd(a.att_cnt + mh, 1u);
+        }
+        done = __shfl_sync(0xffffffff, done, 0);
+        if (done != (unsigned) nch - 1) {
+            continue;
+        }
+        // the last chunk of (m, h): combine all of them in chunk order. The chunk headers are read one per
+        // lane; then every chunk's loads are issued unconditionally (4 chunks in flight) and only the
+        // arithmetic skips empty chunks, so the result does not depend on how many empty chunks follow
+        __threadfence();
+        float gm = -INFINITY;
+        for (int k0 = 0; k0 < nch; k0 += WARP_SIZE) {
+            const int k = k0 + lane;
+            if (k < nch) {
+                const float lk = mk_ldcg(part + (size_t) k*PS + 1);
+                const float mk = mk_ldcg(part + (size_t) k*PS);
+                if (lk > 0.0f) {
+                    gm = fmaxf(gm, mk);
                 }
             }
         }
-        __syncthreads(); // sm is reused by the next unit
+#pragma unroll
+        for (int o = WARP_SIZE/2; o > 0; o >>= 1) {
+            gm = fmaxf(gm, __shfl_xor_sync(0xffffffff, gm, o));
+        }
+        float gl = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NP; ++i) {
+            a0[i] = 0.0f;
+            a1[i] = 0.0f;
+        }
+#pragma unroll 4
+        for (int k = 0; k < nch; ++k) {
+            const float * Pk = part + (size_t) k*PS;
+            const float lk = mk_ldcg(Pk + 1);
+            const float mk = mk_ldcg(Pk);
+            float c0[NP], c1[NP];
+#pragma unroll
+            for (int i = 0; i < NP; ++i) {
+                c0[i] = i < np ? mk_ldcg(Pk + 4 + 2*lane + 64*i)     : 0.0f;
+                c1[i] = i < np ? mk_ldcg(Pk + 4 + 2*lane + 64*i + 1) : 0.0f;
+            }
+            if (!(lk > 0.0f)) {
+                continue;
+            }
+            const float w = expf(mk - gm);
+            gl = fmaf(lk, w, gl);
+#pragma unroll
+            for (int i = 0; i < NP; ++i) {
+                a0[i] = fmaf(w, c0[i], a0[i]);
+                a1[i] = fmaf(w, c1[i], a1[i]);
+            }
+        }
+        float * out = a.att + (size_t) m*a.m->max_q + h*hd;
+        const float inv = gl > 0.0f ? 1.0f/gl : 0.0f;
+#pragma unroll
+        for (int i = 0; i < NP; ++i) {
+            if (i < np) {
+                out[2*lane + 64*i]     = a0[i]*inv;
+                out[2*lane + 64*i + 1] = a1[i]*inv;
+            }
+        }
+        if (lane == 0) {
+            atomicExch(a.att_cnt + mh, 0u);
+        }
     }
 }
 
@@ -1365,9 +1283,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         mk_grid_sync(a, MK_PH_HEADS);
 
         if (L.head_dim <= 256) {
-            mk_attention<4>(a, il, M, xs);
+            mk_attention<4>(a, il, M);
         } else {
-            mk_attention<GGML_MK_MAX_HEAD_DIM/64>(a, il, M, xs);
+            mk_attention<GGML_MK_MAX_HEAD_DIM/64>(a, il, M);
         }
         mk_grid_sync(a, MK_PH_ATTN);
 

@@ -104,8 +104,7 @@ int main(int argc, char ** argv) {
     M_.n_vocab = n_vocab; M_.n_embd_pl = n_pl; M_.kv_type = GGML_TYPE_F16; M_.norm_eps = (float) eps;
     M_.embd_scale = sqrtf((float) n_embd); M_.softcap = (float) softcap; M_.attn_factor = 1.0f; M_.kq_scale = 1.0f;
     M_.debug_flags = planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0;
-    M_.n_ctx = kv_size; M_.att_chunk = 2;   // with MK_WARPS 8, MK_ATT_S 1: groups of 16 cells, so the
-                                            // warps' combine and the groups' combine are both at work
+    M_.n_ctx = kv_size; M_.att_chunk = 4;   // 8 chunks: the split attention and its combine at work
 
     struct layer_def { bool swa; int hd; bool has_kv; ggml_type t[9]; float out_scale; };
     const layer_def defs[n_layer] = {
