@@ -179,6 +179,21 @@ def test_split_greedy_equals_single_process(bin_dir, gemma_model, gemma_stq1_0, 
     print("vs default single process (CPU_REPACK buffers):", spec.summary(dflt, got, cmp))
 
 
+def test_hy4_split_greedy_equals_single_process(bin_dir, gemma_model, rpc_pair):
+    """The synthetic Hy4-shaped STQ1_0 MoE (harness/synth_hy4.py: dense blk.0, 256-expert top-8 MoE blocks, MLA,
+    iHC, the lightning indexer) split over the two loopback rpc-servers as `rpc plan` says: token ids and
+    log-probabilities identical to one process with plain CPU buffers."""
+    from harness import synth_hy4
+    model = synth_hy4.ensure(gemma_model, bin_dir / "llama-quantize")[0]
+    pl, args = _plan_args(model, rpc_pair)
+    counts = [len(p.layers) for p in pl.placements if p.device]
+    assert len(counts) == 2 and all(counts), counts
+    got, log = _generate(bin_dir, model, args, n_predict=32, label=f"hy4 via 2 rpc-servers {pl.tensor_split()}")
+    assert set(_buffers(log)) == {f"{p.host.addr}:{p.host.port}" for p in pl.placements if p.device}, _buffers(log)
+    ref, _ = _generate(bin_dir, model, ["--no-repack"], n_predict=32, label="hy4 single process --no-repack")
+    _check_equal(ref, got)
+
+
 def test_speculative_through_rpc_equals_greedy(bin_dir, gemma_model, rpc_pair):
     pl, args = _plan_args(gemma_model, rpc_pair)
     greedy, _ = _generate(bin_dir, gemma_model, args, label="greedy via rpc")
