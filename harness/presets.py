@@ -16,7 +16,9 @@ is appended.
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,11 +45,12 @@ class ServePreset:
     ctx: int
     draft: str | None = None  # the MTP assistant's `model pull` preset (--spec-type draft-mtp -md FILE)
     hyv4_check: bool = False  # refuse an AngelSlim `hyv4` GGUF (the pin loads `hy_v4`) with the fix
+    no_repack_on_amx: bool = False  # cpu backend on an AMX CPU: --no-repack (see cpu_has_amx)
 
 
 SERVE_PRESETS = {p.name: p for p in (
     ServePreset("hy4", "Hy4-preview STQ1_0 (229.4 GB, split parts; first part served), -c 32768",
-                "hy4-stq1_0", 32768, hyv4_check=True),
+                "hy4-stq1_0", 32768, hyv4_check=True, no_repack_on_amx=True),
     ServePreset("gemma4-e2b", "Gemma 4 E2B it Q4_K_M, -c 32768", "gemma4-e2b", 32768),
     ServePreset("gemma4-e4b", "Gemma 4 E4B it Q4_K_M, -c 32768", "gemma4-e4b", 32768),
     ServePreset("gemma4-e2b-spec", "Gemma 4 E2B + its MTP assistant: --spec-type draft-mtp -md ASSISTANT, -c 32768",
@@ -126,6 +129,23 @@ def _arch(path: Path) -> str | None:
         return None  # the server start reports a broken file with its own check
 
 
+OPT_REPACK = ("-nr", "--no-repack", "--repack")
+
+
+def cpu_has_amx() -> bool:
+    """True on a CPU with Intel AMX (the `amx_int8` flag; STQ_CPUINFO names another cpuinfo file). There the
+    CPU backend of a native build puts Q8_0 and K-quant weights in its AMX buffer type, which refuses matrix
+    products with a non-contiguous input. Hy4's MLA multiplies attn_k_b by a permuted q_nope: llama.cpp then
+    finds no backend for that node and aborts at load (ggml-backend.cpp: GGML_ASSERT(*cur_backend_id != -1);
+    seen on the H200 machine's Xeon, NOTES.md). --no-repack keeps the weights in plain CPU buffers."""
+    path = Path(os.environ.get("STQ_CPUINFO", "/proc/cpuinfo"))
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return False
+    return re.search(r"^flags\s*:.*\bamx_int8\b", text, re.M) is not None
+
+
 def _given(user_args: list[str], opts: tuple[str, ...]) -> bool:
     return any(a in opts or a.startswith(tuple(o + "=" for o in opts)) for a in user_args)
 
@@ -163,5 +183,9 @@ def resolve(name: str, backend: str, user_args: list[str] | None = None) -> tupl
         flags.append((OPT_DRAFT, ["-md", str(draft)]))
         if gpu:
             flags.append((OPT_NGLD, ["-ngld", GPU_LAYERS]))
+    if ps.no_repack_on_amx and not gpu and cpu_has_amx():
+        flags.append((OPT_REPACK, ["--no-repack"]))
+        print(f"[stq-metal] preset {name}: --no-repack (this CPU has AMX, whose weight buffers cannot run Hy4's "
+              f"MLA product with a permuted input; llama.cpp would abort at load)", file=sys.stderr)
     out = [x for opts, f in flags if not _given(user_args, opts) for x in f]
     return model, out + user_args

@@ -123,6 +123,25 @@ def test_dry_run_exact_argv(tmp_path, fake_bin, gemma_model, g4pair):
     assert _dry(cache, "--preset", "hy4", "--backend", "cuda", binary=fake_bin) == head(hy) + ["-c", "32768", "-ngl", "99"]
 
 
+def test_hy4_on_an_amx_cpu_gets_no_repack(tmp_path, fake_bin, monkeypatch):
+    """The cpu backend on a CPU with AMX: the hy4 preset adds --no-repack (llama.cpp's AMX weight buffers abort
+    Hy4's load, seen on the H200 machine); not on other CPUs, not on GPU backends, not over the user's choice."""
+    cache = tmp_path / "cache"
+    for i in (1, 2, 3):
+        _place(cache, "hy4-stq1_0", HY4.format(i), arch="hy_v4")
+    hy = _dir(cache, "hy4-stq1_0") / HY4.format(1)
+    head = [fake_bin, "-m", str(hy), "--host", "127.0.0.1", "--port", "8080", "--jinja", "-c", "32768"]
+    amx, plain = tmp_path / "cpuinfo-amx", tmp_path / "cpuinfo-plain"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f amx_bf16 amx_tile amx_int8 avx512_fp16\n")
+    plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
+    monkeypatch.setenv("STQ_CPUINFO", str(amx))
+    assert _dry(cache, "--preset", "hy4", binary=fake_bin) == head + ["--no-repack"]
+    assert _dry(cache, "--preset", "hy4", "--backend", "cuda", binary=fake_bin) == head + ["-ngl", "99"]
+    assert _dry(cache, "--preset", "hy4", "--", "--repack", binary=fake_bin) == head + ["--repack"]
+    monkeypatch.setenv("STQ_CPUINFO", str(plain))
+    assert _dry(cache, "--preset", "hy4", binary=fake_bin) == head
+
+
 def test_preset_and_model_exclusive(tmp_path):
     r = _cli(tmp_path, "start", "--preset", "gemma4-e2b", "--model", "x.gguf", "--dry-run")
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
