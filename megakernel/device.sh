@@ -8,7 +8,8 @@
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
 #   bench, profile (per-phase times inside the launch), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), sanitize. Logs and results under $OUT (every stage tees its full output there).
-# Environment: MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
+# Environment: MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x100: checked bitwise
+#   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
 #   GPU (megakernel/synth_gpu.py), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
@@ -120,7 +121,8 @@ stage_test() {
 stage_bench() {
     for m in ${MK_MODELS:-small}; do
         log "speed on $m"
-        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds "${MK_ROUNDS:-6}" --bench-n "${MK_BENCH_N:-64}" --max-nmse 10 --max-disagree 100 --verify-cost 2>&1 | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk" | tail -8
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds "${MK_ROUNDS:-6}" --bench-n "${MK_BENCH_N:-64}" --max-nmse 10 --max-disagree 100 --verify-cost \
+            ${MK_VARIANT:+--variant "$MK_VARIANT"} 2>&1 | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk|variant" | tail -10
     done
 }
 

@@ -88,7 +88,7 @@ struct ggml_mk_model {
     float   softcap;        // final logit softcap, 0 = none
     float   attn_factor;    // rope mscale (ggml attn_factor)
     float   kq_scale;       // scale of Q.K (1: Gemma folds it into Q or its norms)
-    int32_t debug_flags;    // GGML_MK_DEBUG_*: planted bugs for tests only
+    int32_t debug_flags;    // GGML_MK_DEBUG_*: planted bugs for tests only; GGML_MK_VAR_*: kernel variants
     int32_t n_ctx;          // KV cells of the context (an upper bound of every step's n_kv)
     int32_t att_chunk;      // attention is split into chunks of this many cells, counted from cell 0
                             // (a power of two fixed for the context: a token's chunks, and so its
@@ -105,6 +105,10 @@ struct ggml_mk_model {
 };
 
 #define GGML_MK_DEBUG_NO_GRID_BARRIER 1   // planted bug: grid barriers become block barriers
+// kernel variants for A/B runs in one process (LLAMA_MEGAKERNEL_VARIANT=bits, test-mk --variant): off by default,
+// each one a candidate that has not been measured yet; results bitwise equal to the default kernel
+#define GGML_MK_VAR_ATT_SPREAD        0x100   // attention: (token, head, chunk) units to warps SM-first
+#define GGML_MK_VAR_VT16              0x200   // attention: transposed V read 8 cells (16 bytes) per load
 
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))
 struct ggml_mk_kv_view {

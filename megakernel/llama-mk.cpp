@@ -335,6 +335,11 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
     if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
         p.debug_flags = atoi(dbg); // planted bugs, tests only
     }
+    if (const char * var = getenv("LLAMA_MEGAKERNEL_VARIANT")) {
+        const int bits = (int) strtol(var, nullptr, 0);
+        p.debug_flags |= bits & ~0xff;   // GGML_MK_VAR_* only
+        LLAMA_LOG_INFO("llama_mk: kernel variant 0x%x (LLAMA_MEGAKERNEL_VARIANT)\n", bits & ~0xff);
+    }
 
     char err[256] = {0};
     mk->backend_mk = create(&p, err, sizeof(err));

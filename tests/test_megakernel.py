@@ -94,8 +94,10 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
     return exe
 
 
-def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu):
-    r = subprocess.run([str(kernel_emu)], capture_output=True, text=True, timeout=900)
+@pytest.mark.parametrize("variant", ["default", "0x300"])  # GGML_MK_VAR_ATT_SPREAD | GGML_MK_VAR_VT16
+def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
+    args = [] if variant == "default" else ["--variant", variant]
+    r = subprocess.run([str(kernel_emu), *args], capture_output=True, text=True, timeout=900)
     print(r.stdout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert re.search(r"^OK one-token steps .*worst NMSE vs float64 reference", r.stdout, re.M), r.stdout

@@ -4,7 +4,8 @@
 //   MK_DEVICE (inline helpers), MK_DEVICE_FN (larger device functions), MK_KERNEL (return type and
 //   attributes of the entry point),
 //   MK_SHARED(T, name, n) / MK_SHARED_DYN(T, name) (block-shared arrays), MK_UNROLL, MK_TRAP(),
-//   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) / mk_ldcg4(p) (loads through L2, past the non-coherent L1),
+//   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) / mk_ldcg4(p) / mk_ldcg_u32x4(p) (loads through L2, past
+//   the non-coherent L1),
 //   mk_cp_async16(dst, src) / mk_cp_async_commit() / mk_cp_async_wait<N>() (asynchronous 16-byte copies
 //   global -> shared: issue, close a group, wait until at most N groups are pending),
 // plus the CUDA built-ins it uses (threadIdx, __syncthreads, __shfl_xor_sync, atomics, half, ...).
@@ -908,7 +909,10 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane   = threadIdx.x % WARP_SIZE;
-    const int warp   = blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
+    // units to warps block by block (default), or SM-first (variant): a head's chunks then load through the
+    // load/store units of many SMs instead of a few (transposed V: 32 lines per warp load)
+    const int warp   = (a.m->debug_flags & GGML_MK_VAR_ATT_SPREAD) ? (int) ((threadIdx.x / WARP_SIZE)*gridDim.x + blockIdx.x)
+                                                                   : (int) (blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE);
     const int nwarps = gridDim.x*MK_WARPS;
     const int hd     = L.head_dim;
     const int np     = hd/64;
@@ -919,6 +923,10 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     const ggml_mk_kv_view & kv = st.kv[il];
     const int gqa    = L.n_head / L.n_head_kv;
     const bool vt    = kv.v_sd != 2;   // transposed V: the CPI cells of one dimension are contiguous
+    // (variant GGML_MK_VAR_VT16) transposed V rows 16-byte aligned at multiples of 8 cells: 16-byte loads
+    const bool vt16  = vt && (a.m->debug_flags & GGML_MK_VAR_VT16) && kv.v_sd % 16 == 0 && kv.v_sc == 2 &&
+                       ((uintptr_t) kv.v % 16) == 0 && (kv.v_sh % 16) == 0 &&
+                       (n_kv + 7)/8*8 <= (int) (kv.v_sd/2);   // (a load may pass n_kv, never the row)
     const int PS     = 4 + a.m->max_head_dim;
 
     for (int u = warp; u < M*L.n_head*nch; u += nwarps) {
@@ -971,6 +979,15 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                         const int d = 2*lane + 64*i;
                         const unsigned * p0 = (const unsigned *) (vb + (size_t) d*kv.v_sd + (size_t) c*kv.v_sc);
                         const unsigned * p1 = (const unsigned *) (vb + (size_t) (d + 1)*kv.v_sd + (size_t) c*kv.v_sc);
+                        if (CPI == 8 && vt16 && c % 8 == 0) {
+                            // (variant) the 8 cells of a dimension in one 16-byte load (the cells past c1 are
+                            // inside the cache row and never used)
+                            const uint4 x0 = mk_ldcg_u32x4((const uint4 *) p0);
+                            const uint4 x1 = mk_ldcg_u32x4((const uint4 *) p1);
+                            vr[0][i] = x0.x; vr[1 % CPI][i] = x0.y; vr[2 % CPI][i] = x0.z; vr[3 % CPI][i] = x0.w;
+                            vr[CPI/2][i] = x1.x; vr[(CPI/2 + 1) % CPI][i] = x1.y; vr[(CPI/2 + 2) % CPI][i] = x1.z; vr[(CPI/2 + 3) % CPI][i] = x1.w;
+                            continue;
+                        }
 #pragma unroll
                         for (int w = 0; w < CPI/2; ++w) {
                             if (c + 2*w < c1) {

@@ -9,7 +9,10 @@
 //  3. verify == decode: on A, a batch of M = 2..8 tokens gives each row the bits of M one-token steps;
 //  4. speed: greedy tok/s A vs B, rounds in AB/BA order, medians and the median of paired ratios;
 //  5. with --verify-cost: the time of one M-token verify batch over one-token steps, M = 1..5, on A
-//     and on B (rounds alternate the order of M).
+//     and on B (rounds alternate the order of M);
+//  6. with --variant BITS: a third context C, the megakernel with LLAMA_MEGAKERNEL_VARIANT=BITS (a
+//     candidate kernel change, ggml-mk.h GGML_MK_VAR_*): its logits must equal A's bit for bit over the
+//     teacher-forced steps, and its speed is measured against A's (AB/BA, median of paired ratios).
 #include "llama.h"
 
 #include <algorithm>
@@ -39,10 +42,13 @@ struct ctx_t {
     int n_vocab = 0;
 };
 
-static ctx_t make_ctx(llama_model * model, bool mk, int n_ctx, int fa) {
+static ctx_t make_ctx(llama_model * model, bool mk, int n_ctx, int fa, const std::string & variant = "") {
     const char * saved = getenv("LLAMA_MEGAKERNEL");
     const std::string keep = saved ? saved : "";
     setenv("LLAMA_MEGAKERNEL", mk ? "1" : "0", 1);
+    if (!variant.empty()) {
+        setenv("LLAMA_MEGAKERNEL_VARIANT", variant.c_str(), 1);
+    }
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_batch = 512;
@@ -55,6 +61,9 @@ static ctx_t make_ctx(llama_model * model, bool mk, int n_ctx, int fa) {
         exit(2);
     }
     c.n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    if (!variant.empty()) {
+        unsetenv("LLAMA_MEGAKERNEL_VARIANT");
+    }
     if (saved) {
         setenv("LLAMA_MEGAKERNEL", keep.c_str(), 1);
     } else {
@@ -94,6 +103,7 @@ int main(int argc, char ** argv) {
     int n_steps = 128, fa = 0, rounds = 6, bench_n = 64, n_ctx = 2048, max_disagree = -1;
     double max_nmse = 1e-4;
     bool verify_cost = false;
+    std::string variant;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto next = [&]() { if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); exit(2); } return std::string(argv[++i]); };
@@ -107,7 +117,8 @@ int main(int argc, char ** argv) {
         else if (a == "--max-nmse") max_nmse = std::stod(next());
         else if (a == "--max-disagree") max_disagree = std::stoi(next());
         else if (a == "--verify-cost") verify_cost = true;
-        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost]\n", argv[0]); return 2; }
+        else if (a == "--variant") variant = next();
+        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost] [--variant BITS]\n", argv[0]); return 2; }
     }
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
@@ -291,6 +302,51 @@ int main(int argc, char ** argv) {
                 printf("M=%d %.1f us (%.2fx)%s", M, med(t[M]), med(t[M])/med(t[1]), M < 5 ? ", " : "\n");
             }
         }
+    }
+
+    // 6. a kernel variant: bitwise equal to the default megakernel, and its speed against it
+    if (!variant.empty()) {
+        ctx_t C = make_ctx(model, true, n_ctx, fa, variant);
+        prefill(A, prompt);
+        prefill(C, prompt);
+        int rows_diff = 0;
+        for (int s = 0; s < n_steps; ++s) {
+            const float * la = llama_get_logits_ith(A.ctx, -1);
+            const float * lc = llama_get_logits_ith(C.ctx, -1);
+            rows_diff += memcmp(la, lc, nv*sizeof(float)) != 0;
+            const int t = argmax(la, nv);
+            step(A, t, np + s);
+            step(C, t, np + s);
+        }
+        printf("variant %s == default megakernel (bitwise), %d teacher-forced steps: %d differ: %s\n", variant.c_str(), n_steps,
+               rows_diff, rows_diff == 0 ? "ok" : "FAIL");
+        fails += rows_diff != 0;
+        if (rounds > 0) {
+            std::vector<double> ta, tc, ratio;
+            for (int r = 0; r < rounds; ++r) {
+                double t[2];
+                for (int k = 0; k < 2; ++k) {
+                    const bool is_c = (r % 2 == 0) ? (k == 0) : (k == 1);
+                    ctx_t & c = is_c ? C : A;
+                    prefill(c, prompt);
+                    llama_token tok = argmax(llama_get_logits_ith(c.ctx, -1), nv);
+                    auto t0 = std::chrono::steady_clock::now();
+                    for (int s = 0; s < bench_n; ++s) {
+                        step(c, tok, np + s);
+                        tok = argmax(llama_get_logits_ith(c.ctx, -1), nv);
+                    }
+                    auto t1 = std::chrono::steady_clock::now();
+                    t[is_c ? 0 : 1] = bench_n/std::chrono::duration<double>(t1 - t0).count();
+                }
+                tc.push_back(t[0]);
+                ta.push_back(t[1]);
+                ratio.push_back(t[0]/t[1]);
+            }
+            auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size()/2]; };
+            printf("speed, variant %s vs default megakernel, greedy tg%d, %d rounds AB/BA: %.1f vs %.1f tok/s, ratio %.3f (median of paired ratios)\n",
+                   variant.c_str(), bench_n, rounds, med(tc), med(ta), med(ratio));
+        }
+        llama_free(C.ctx);
     }
 
     llama_free(A.ctx);

@@ -115,6 +115,7 @@ using std::max;
 struct half { uint16_t bits; };
 struct float4 { float x, y, z, w; };
 struct int4 { int x, y, z, w; };
+struct uint4 { unsigned x, y, z, w; };
 inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; ++i) {
         c += (int) (int8_t) (a >> 8*i) * (int) (int8_t) (b >> 8*i);
@@ -148,6 +149,7 @@ static inline float mk_f16(uint16_t u) { half h; h.bits = u; return __half2float
 static inline float          mk_ldcg(const float * p)          { return *(const volatile float *) p; }
 static inline unsigned long long mk_clock_ns() { return 0; }
 static inline unsigned       mk_ldcg_u32(const unsigned * p)       { return *(const volatile unsigned *) p; }
+static inline uint4          mk_ldcg_u32x4(const uint4 * p) { const volatile unsigned * q = (const volatile unsigned *) p; uint4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
 static inline float4         mk_ldcg4(const float4 * p) { const volatile float * q = (const volatile float *) p; float4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
 // asynchronous copies done at once (the emulation checks indexing, not the copy pipeline's timing)
 static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }

@@ -14,6 +14,7 @@
 #include "mk-kernel.cuh"
 
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 
@@ -93,7 +94,19 @@ static void rope(vd & v, int n_rot, int pos, double base, const float * ff) {
 }
 
 int main(int argc, char ** argv) {
-    const bool planted = argc > 1 && std::string(argv[1]) == "--planted";
+    bool planted = false;
+    int variant = 0;   // GGML_MK_VAR_* bits (a kernel variant must give the same results)
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--planted") {
+            planted = true;
+        } else if (a == "--variant" && i + 1 < argc) {
+            variant = (int) strtol(argv[++i], nullptr, 0);
+        } else {
+            fprintf(stderr, "usage: %s [--planted] [--variant BITS]\n", argv[0]);
+            return 2;
+        }
+    }
     const int n_embd = 256, n_vocab = 300, n_pl = 16, n_layer = 3, kv_size = 32, W = 6;
     const double eps = 1e-6, softcap = 30.0;
 
@@ -103,7 +116,7 @@ int main(int argc, char ** argv) {
     M_.version = GGML_MK_VERSION; M_.arch = GGML_MK_ARCH_GEMMA4; M_.n_layer = n_layer; M_.n_embd = n_embd;
     M_.n_vocab = n_vocab; M_.n_embd_pl = n_pl; M_.kv_type = GGML_TYPE_F16; M_.norm_eps = (float) eps;
     M_.embd_scale = sqrtf((float) n_embd); M_.softcap = (float) softcap; M_.attn_factor = 1.0f; M_.kq_scale = 1.0f;
-    M_.debug_flags = planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0;
+    M_.debug_flags = (planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0) | variant;
     M_.n_ctx = kv_size; M_.att_chunk = 4;   // 8 chunks: the split attention and its combine at work
 
     struct layer_def { bool swa; int hd; bool has_kv; ggml_type t[9]; float out_scale; };
