@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from harness import rpc, server, spec
+from rpc_peer import RpcPeer
 from harness.util import HarnessError
 
 pytestmark = pytest.mark.build
@@ -285,50 +286,13 @@ def test_frozen_rpc_server_hangs_without_timeout(bin_dir, gemma_model):
     assert hung and alive, f"expected a hang without GGML_RPC_TIMEOUT: {result}, alive={alive}"
 
 
-class FakePeer:
-    """A loopback socket that answers HELLO with a chosen protocol version, then closes."""
-
-    def __init__(self, version: tuple[int, int, int]):
-        self.version = version
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(4)
-        self.port = self.sock.getsockname()[1]
-        self.hellos = 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(10)
-                try:
-                    req = rpc._recv_exact(conn, 1 + 8 + rpc.RPC_CONN_CAPS_SIZE, "HELLO")
-                except (HarnessError, OSError):
-                    continue
-                cmd, size = struct.unpack("<BQ", req[:9])
-                if cmd != rpc.RPC_CMD_HELLO or size != rpc.RPC_CONN_CAPS_SIZE:
-                    continue
-                self.hellos += 1
-                conn.sendall(struct.pack("<Q", rpc.HELLO_RSP_SIZE) + bytes(self.version) + b"\0"
-                             + bytes(rpc.RPC_CONN_CAPS_SIZE))
-                time.sleep(0.2)
-
-    def close(self):
-        self.sock.close()
-
-
 @pytest.mark.parametrize("kind", ["older than the oldest accepted", "older major"])
 def test_protocol_mismatch_refused_naming_both(bin_dir, gemma_model, llama_tree, kind):
     client = rpc.header_version(llama_tree)
     oldest = rpc.oldest_server_version(llama_tree)   # 7.0.1: the first server that knows STQ1_0
     old = (client[0] - 1, 9, 9) if kind == "older major" else (oldest[0], oldest[1], oldest[2] - 1)
     assert min(old) >= 0
-    peer = FakePeer(old)
+    peer = RpcPeer(old)   # HELLO only
     try:
         # the harness refuses before starting anything
         with pytest.raises(HarnessError, match=re.escape(rpc.fmt_version(old)) + ".*" +

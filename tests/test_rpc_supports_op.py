@@ -26,12 +26,12 @@ import re
 import socket
 import struct
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
 from harness import rpc, server
+from rpc_peer import RpcPeer
 from harness.util import HarnessError
 
 pytestmark = pytest.mark.build
@@ -300,55 +300,6 @@ def test_server_answers_from_the_op_alone_and_survives_malformed_requests(srv, i
 # an older server
 
 
-class StandIn:
-    """A loopback peer speaking the rpc protocol as a server of `version` with one device: enough for
-    `test-backend-ops support` (it registers the device and asks supports_op). A 7.1 stand-in answers
-    SUPPORTS_OP with "no"; like a real server, an unknown command ends the connection."""
-
-    def __init__(self, version: tuple[int, int, int], cmd: dict[str, int]):
-        self.version, self.cmd = version, cmd
-        self.seen: list[int] = []
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(4)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _reply(self, conn, payload: bytes):
-        conn.sendall(struct.pack("<Q", len(payload)) + payload)
-
-    def _serve(self):
-        c = self.cmd
-        answers = {c["DEVICE_COUNT"]: struct.pack("<I", 1), c["GET_DEVICE_MEMORY"]: struct.pack("<QQ", 1 << 30, 1 << 30),
-                   c["GET_ALIGNMENT"]: struct.pack("<Q", 32), c["GET_MAX_SIZE"]: struct.pack("<Q", 1 << 40)}
-        if self.version[1] >= 1:
-            answers[c["SUPPORTS_OP"]] = b"\0"
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(30)
-                try:
-                    while True:
-                        cmd, size = struct.unpack("<BQ", rpc._recv_exact(conn, 9, "request header"))
-                        if size:
-                            rpc._recv_exact(conn, size, "request")
-                        self.seen.append(cmd)
-                        if cmd == rpc.RPC_CMD_HELLO:
-                            self._reply(conn, bytes(self.version) + b"\0" + bytes(rpc.RPC_CONN_CAPS_SIZE))
-                        elif cmd in answers:
-                            self._reply(conn, answers[cmd])
-                        else:
-                            break   # unknown to this server: drop the connection, as rpc-server does
-                except (HarnessError, OSError):
-                    pass
-
-    def close(self):
-        self.sock.close()
-
-
 @pytest.mark.parametrize("older", [True, False], ids=["7.0.1 server", "7.1.0 server"])
 def test_older_server_is_not_asked(bin_dir, ids, llama_tree, tmp_path, older):
     client = rpc.header_version(llama_tree)
@@ -357,7 +308,13 @@ def test_older_server_is_not_asked(bin_dir, ids, llama_tree, tmp_path, older):
     assert older is (version[:2] < client[:2])
     cases = tmp_path / "cases.txt"
     cases.write_text(_cpy(ids, "IQ2_XXS", "cpy_iq2_xxs") + "\n")
-    peer = StandIn(version, ids["cmd"])
+    # one device; a 7.1 server answers SUPPORTS_OP with "no" (enough for `test-backend-ops support`)
+    c = ids["cmd"]
+    answers = {c["DEVICE_COUNT"]: struct.pack("<I", 1), c["GET_DEVICE_MEMORY"]: struct.pack("<QQ", 1 << 30, 1 << 30),
+               c["GET_ALIGNMENT"]: struct.pack("<Q", 32), c["GET_MAX_SIZE"]: struct.pack("<Q", 1 << 40)}
+    if version[1] >= 1:
+        answers[c["SUPPORTS_OP"]] = b"\0"
+    peer = RpcPeer(version, answers)
     try:
         p = _tbo(bin_dir, "support", "-b", "RPC0", "--rpc", f"127.0.0.1:{peer.port}", "--test-file", str(cases),
                  timeout=120)
