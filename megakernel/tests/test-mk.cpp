@@ -97,6 +97,43 @@ static void step(ctx_t & c, llama_token t, int pos) {
     llama_batch_free(b);
 }
 
+// greedy decode speed of x and y in `rounds` rounds, AB/BA order: medians of x's and y's tok/s and of x/y
+struct ab_speed {
+    double x, y, ratio;
+};
+
+static double greedy_tps(ctx_t & c, std::vector<llama_token> & prompt, int bench_n) {
+    const int np = (int) prompt.size();
+    prefill(c, prompt);
+    llama_token tok = argmax(llama_get_logits_ith(c.ctx, -1), c.n_vocab);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int s = 0; s < bench_n; ++s) {
+        step(c, tok, np + s);
+        tok = argmax(llama_get_logits_ith(c.ctx, -1), c.n_vocab);
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    return bench_n/std::chrono::duration<double>(t1 - t0).count();
+}
+
+static ab_speed ab_greedy(ctx_t & x, ctx_t & y, std::vector<llama_token> & prompt, int bench_n, int rounds) {
+    std::vector<double> tx, ty, ratio;
+    for (int r = 0; r < rounds; ++r) {
+        double a, b;
+        if (r % 2 == 0) {
+            a = greedy_tps(x, prompt, bench_n);
+            b = greedy_tps(y, prompt, bench_n);
+        } else {
+            b = greedy_tps(y, prompt, bench_n);
+            a = greedy_tps(x, prompt, bench_n);
+        }
+        tx.push_back(a);
+        ty.push_back(b);
+        ratio.push_back(a/b);
+    }
+    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size()/2]; };
+    return { med(tx), med(ty), med(ratio) };
+}
+
 int main(int argc, char ** argv) {
     std::string model_path;
     std::string prompt_text = "The history of the printing press begins in";
@@ -239,29 +276,9 @@ int main(int argc, char ** argv) {
 
     // 4. speed: greedy decode tok/s, AB/BA rounds
     if (rounds > 0) {
-        std::vector<double> ta, tb, ratio;
-        for (int r = 0; r < rounds; ++r) {
-            double t[2];
-            for (int k = 0; k < 2; ++k) {
-                const bool is_a = (r % 2 == 0) ? (k == 0) : (k == 1);
-                ctx_t & c = is_a ? A : B;
-                prefill(c, prompt);
-                llama_token tok = argmax(llama_get_logits_ith(c.ctx, -1), nv);
-                auto t0 = std::chrono::steady_clock::now();
-                for (int s = 0; s < bench_n; ++s) {
-                    step(c, tok, np + s);
-                    tok = argmax(llama_get_logits_ith(c.ctx, -1), nv);
-                }
-                auto t1 = std::chrono::steady_clock::now();
-                t[is_a ? 0 : 1] = bench_n/std::chrono::duration<double>(t1 - t0).count();
-            }
-            ta.push_back(t[0]);
-            tb.push_back(t[1]);
-            ratio.push_back(t[0]/t[1]);
-        }
-        auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size()/2]; };
+        const ab_speed sp = ab_greedy(A, B, prompt, bench_n, rounds);
         printf("speed, greedy tg%d, %d rounds AB/BA: megakernel %.1f tok/s, graph %.1f tok/s, ratio %.3f (median of paired ratios)\n",
-               bench_n, rounds, med(ta), med(tb), med(ratio));
+               bench_n, rounds, sp.x, sp.y, sp.ratio);
         printf("model size %.3f GB\n", llama_model_size(model)/1e9);
     }
 
@@ -322,29 +339,9 @@ int main(int argc, char ** argv) {
                rows_diff, rows_diff == 0 ? "ok" : "FAIL");
         fails += rows_diff != 0;
         if (rounds > 0) {
-            std::vector<double> ta, tc, ratio;
-            for (int r = 0; r < rounds; ++r) {
-                double t[2];
-                for (int k = 0; k < 2; ++k) {
-                    const bool is_c = (r % 2 == 0) ? (k == 0) : (k == 1);
-                    ctx_t & c = is_c ? C : A;
-                    prefill(c, prompt);
-                    llama_token tok = argmax(llama_get_logits_ith(c.ctx, -1), nv);
-                    auto t0 = std::chrono::steady_clock::now();
-                    for (int s = 0; s < bench_n; ++s) {
-                        step(c, tok, np + s);
-                        tok = argmax(llama_get_logits_ith(c.ctx, -1), nv);
-                    }
-                    auto t1 = std::chrono::steady_clock::now();
-                    t[is_c ? 0 : 1] = bench_n/std::chrono::duration<double>(t1 - t0).count();
-                }
-                tc.push_back(t[0]);
-                ta.push_back(t[1]);
-                ratio.push_back(t[0]/t[1]);
-            }
-            auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size()/2]; };
+            const ab_speed sp = ab_greedy(C, A, prompt, bench_n, rounds);
             printf("speed, variant %s vs default megakernel, greedy tg%d, %d rounds AB/BA: %.1f vs %.1f tok/s, ratio %.3f (median of paired ratios)\n",
-                   variant.c_str(), bench_n, rounds, med(tc), med(ta), med(ratio));
+                   variant.c_str(), bench_n, rounds, sp.x, sp.y, sp.ratio);
         }
         llama_free(C.ctx);
     }
