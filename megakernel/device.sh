@@ -7,7 +7,7 @@
 # There: run(command="bash megakernel/device.sh STAGES", carry=[".dev"])
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
 #   bench, profile (per-phase times inside the launch), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
-#   reasons), sanitize. Logs and results under $OUT (every stage tees its full output there).
+#   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), sanitize. Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x100: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
@@ -153,6 +153,23 @@ stage_ncu() {
         --section LaunchStats --section SchedulerStats --section SourceCounters \
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 \
         | grep -v "^==PROF==" | tee "$OUT/ncu.log" | grep -E "Duration|Throughput|Stall|Warp Cycles|Registers|Achieved|Issued" | head -40
+}
+
+# the same launch, saved as a report: every raw metric (stall reasons of the whole kernel) and the per-instruction
+# (SASS) warp-state samples and executed-instruction counts, as CSV: which code the time goes to
+stage_ncusrc() {
+    local m
+    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    log "ncu report: one megakernel decode launch on $m, raw metrics + SASS source page"
+    LLAMA_MEGAKERNEL=1 ncu --clock-control none -k regex:mk_decode_kernel --launch-skip 20 --launch-count 1 \
+        --section WarpStateStats --section SourceCounters --section InstructionStats --section SpeedOfLight \
+        -f -o "$WORK/mk-src" \
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100 > "$OUT/ncusrc-run.log" 2>&1
+    ncu -i "$WORK/mk-src.ncu-rep" --page raw --csv > "$OUT/ncu-raw.csv" 2>&1
+    grep -o 'smsp__average_warps_issue_stalled_[a-z_]*_per_issue_active.ratio' "$OUT/ncu-raw.csv" | head -3
+    ncu -i "$WORK/mk-src.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-sass.csv" 2>&1 || \
+        ncu -i "$WORK/mk-src.ncu-rep" --page source --csv > "$OUT/ncu-sass.csv" 2>&1
+    ls -la "$OUT/ncu-raw.csv" "$OUT/ncu-sass.csv"; head -c 600 "$OUT/ncu-sass.csv"; echo
 }
 
 stage_sanitize() {
