@@ -42,14 +42,50 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 #define MK_XQ_BYTES    (MK_XS_CAP/32*MK_XQ_REC)
 #define MK_SMEM_BYTES  (MK_XS_BYTES + MK_XQ_BYTES + MK_WS_BYTES)
 
+// attention chunks per cache of a step at most (ggml_mk_att_chunk keeps a context within 1024 chunks)
+#define MK_CH_MAX 1024
+
 // the per-step data on the device (uploaded with the masks and embedding rows in one copy)
 struct mk_dstep {
     int32_t n_tokens;
     int32_t pos[MK_M];
     int32_t n_kv[GGML_MK_N_CACHES];
     int64_t kv_idx[GGML_MK_N_CACHES][MK_M];
+    // the attention chunks holding a cell that some token of the step sees, ascending (mk_step_chunks); the
+    // others hold nothing for any token, and skipping them changes no bit of the result
+    int32_t  n_ch[GGML_MK_N_CACHES];
+    uint16_t ch[GGML_MK_N_CACHES][MK_CH_MAX];
     ggml_mk_kv_view kv[GGML_MK_MAX_LAYERS];
 };
+
+// host: fill ds.n_ch/ds.ch from the step's masks ([M][n_kv] additive, -INFINITY = not seen; NULL = cache not
+// used); at least one chunk per cache (a cache nobody sees gives chunk 0, all masked: zeros, as before)
+static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int M, int CH) {
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        const int n_kv = ds.n_kv[c];
+        int n = 0;
+        for (int k = 0; k*CH < n_kv && n < MK_CH_MAX; ++k) {
+            const int i1 = (k + 1)*CH < n_kv ? (k + 1)*CH : n_kv;
+            bool seen = false;
+            for (int m = 0; m < M && mask[c] && !seen; ++m) {
+                const float * row = mask[c] + (size_t) m*n_kv;
+                for (int i = k*CH; i < i1; ++i) {
+                    if (row[i] != -INFINITY) {
+                        seen = true;
+                        break;
+                    }
+                }
+            }
+            if (seen) {
+                ds.ch[c][n++] = (uint16_t) k;
+            }
+        }
+        if (n == 0) {
+            ds.ch[c][n++] = 0;
+        }
+        ds.n_ch[c] = n;
+    }
+}
 
 struct mk_args {
     const ggml_mk_model * m;     // device copy of the plan
@@ -894,9 +930,10 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
 
 // ---------------------------------------------------------------------------------------------
 // attention, split over the cells: one warp per (token, head, chunk of att_chunk cells counted from
-// cell 0), online softmax over the chunk's visible cells 4 at a time; the warp that finishes a
+// cell 0), online softmax over the chunk's visible cells CPI at a time; the warp that finishes a
 // (token, head) last combines its chunks in chunk order. Chunk bounds and order are fixed by the
-// cell numbers alone, so a token's result does not depend on the step's n_kv or M.
+// cell numbers alone, so a token's result does not depend on the step's n_kv or M; only the chunks
+// with a cell some token of the step sees run (the step's list), the rest would add nothing.
 // Lanes own dimension pairs d = 2*lane + 64*i (+1), i < NP.
 
 MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u & 0xffff))); }
@@ -919,7 +956,7 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     const int cache  = L.is_swa ? 1 : 0;
     const int n_kv   = st.n_kv[cache];
     const int CH     = a.m->att_chunk;
-    const int nch    = (n_kv + CH - 1)/CH;
+    const int nch    = st.n_ch[cache];   // the chunks someone sees (the others would add nothing)
     const ggml_mk_kv_view & kv = st.kv[il];
     const int gqa    = L.n_head / L.n_head_kv;
     const bool vt    = kv.v_sd != 2;   // transposed V: the CPI cells of one dimension are contiguous
@@ -930,7 +967,8 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     const int PS     = 4 + a.m->max_head_dim;
 
     for (int u = warp; u < M*L.n_head*nch; u += nwarps) {
-        const int ch  = u % nch;
+        const int ck  = u % nch;               // the ck-th chunk of the list: its partial result's slot
+        const int ch  = st.ch[cache][ck];
         const int mh  = u / nch;
         const int m   = mh / L.n_head;
         const int h   = mh % L.n_head;
@@ -1066,7 +1104,7 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
 
         // this chunk's partial result, then the (token, head)'s chunk count
         float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
-        float * P = part + (size_t) ch*PS;
+        float * P = part + (size_t) ck*PS;
         if (lane == 0) {
             P[0] = mx;
             P[1] = l;
