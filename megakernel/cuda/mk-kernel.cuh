@@ -399,13 +399,14 @@ MK_DEVICE float4 mk_scale4(const float4 & a, float s) {
     return mk_f4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
 }
 
-// ss[m] (m < Mc) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
+// ss[m] (m < Mc <= MC) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
 // warps in order), returned to every thread; red: MK_WARPS*MK_M floats not in use by another sum
+template <int MC>
 MK_DEVICE void mk_block_sums(float * ss, int Mc, float * red) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
 #pragma unroll 1
-    for (int m = 0; m < Mc; ++m) {
+    for (int m = 0; m < (MC == 1 ? 1 : Mc); ++m) {
         const float s = mk_warp_sum(ss[m]);
         if (lane == 0) {
             red[warp*MK_M + m] = s;
@@ -413,7 +414,7 @@ MK_DEVICE void mk_block_sums(float * ss, int Mc, float * red) {
     }
     __syncthreads();
 #pragma unroll 1
-    for (int m = 0; m < Mc; ++m) {
+    for (int m = 0; m < (MC == 1 ? 1 : Mc); ++m) {
         float t = 0.0f;
         for (int w = 0; w < MK_WARPS; ++w) {
             t += red[w*MK_M + m];
@@ -460,7 +461,9 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
 // is rmsnorm(a')*nw. Global round trips: one for rms(h) (if any), one for the values (MK_SB slots per thread
 // in flight); the norm scale and the 8-bit rounding then work on shared memory and registers only. Small
 // code on purpose (the columns are a run-time loop): every phase runs it once per block, from a cold
-// instruction cache.
+// instruction cache. MC: the bound of Mc the code is made for (1: one-token steps, the per-column values in
+// registers; MK_M: any batch); a column's arithmetic is the same in both.
+template <int MC>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
     MK_SHARED(float, red, 2*MK_WARPS*MK_M);
@@ -473,12 +476,14 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const bool res = x.res_h != nullptr;
     const bool gl  = x.mode == MK_X_GEGLU;
     const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
-    float ss[MK_M];   // per column: sums of squares, then 1/rms (run-time indexed)
-    float rh[MK_M];
+    float ss[MC];   // per column: sums of squares, then 1/rms (run-time indexed unless MC = 1)
+    float rh[MC];
+#define MK_COL(i) (MC == 1 ? 0 : (i) / NJ)   // the column of item i
+#define MK_NC     (MC == 1 ? 1 : Mc)
 
     if (res) {
 #pragma unroll 1
-        for (int m = 0; m < Mc; ++m) {
+        for (int m = 0; m < MK_NC; ++m) {
             ss[m] = 0.0f;
         }
 #pragma unroll 1
@@ -488,25 +493,25 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             for (int b = 0; b < MK_SB; ++b) {
                 const int i = i0 + b;
                 const int f = t + (i % NJ)*MK_THREADS;
-                v[b] = i < NI && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + i / NJ)*x.lda) + f) : z4;
+                v[b] = i < NI && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + MK_COL(i))*x.lda) + f) : z4;
             }
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
                 if (i0 + b < NI) {
-                    ss[(i0 + b) / NJ] = mk_sq4(v[b], ss[(i0 + b) / NJ]);
+                    ss[MK_COL(i0 + b)] = mk_sq4(v[b], ss[MK_COL(i0 + b)]);
                 }
             }
         }
-        mk_block_sums(ss, Mc, red);
+        mk_block_sums<MC>(ss, Mc, red);
 #pragma unroll 1
-        for (int m = 0; m < Mc; ++m) {
+        for (int m = 0; m < MK_NC; ++m) {
             rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
 
 #pragma unroll 1
-    for (int m = 0; m < Mc; ++m) {
+    for (int m = 0; m < MK_NC; ++m) {
         ss[m] = 0.0f;
     }
 #pragma unroll 1
@@ -517,7 +522,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int i = i0 + b;
             const int f = t + (i % NJ)*MK_THREADS;
             const bool ok = i < NI && f < F4;
-            const size_t mm = (size_t) (m0 + i / NJ);
+            const size_t mm = (size_t) (m0 + MK_COL(i));
             va[b] = ok ? mk_ldcg4((const float4 *) (x.a + mm*x.lda) + f) : z4;
             vb[b] = ok && gl  ? mk_ldcg4((const float4 *) (x.b + mm*x.ldb) + f)
                   : ok && res ? mk_ldcg4((const float4 *) (x.res_h + mm*x.lda) + f) : z4;
@@ -530,7 +535,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             if (i >= NI) {
                 continue;
             }
-            const int m = i / NJ;
+            const int m = MK_COL(i);
             const int f = t + (i % NJ)*MK_THREADS;
             const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
             float4 v = va[b];
@@ -562,9 +567,9 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         return;
     }
     if (x.nw) {
-        mk_block_sums(ss, Mc, red + MK_WARPS*MK_M);
+        mk_block_sums<MC>(ss, Mc, red + MK_WARPS*MK_M);
 #pragma unroll 1
-        for (int m = 0; m < Mc; ++m) {
+        for (int m = 0; m < MK_NC; ++m) {
             ss[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
     } else {
@@ -577,7 +582,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     if (x.nw || q8) {
 #pragma unroll 1
         for (int i = 0; i < NI; ++i) {
-            const int m = i / NJ;
+            const int m = MK_COL(i);
             const int f = t + (i % NJ)*MK_THREADS;
             const bool ok = f < F;
             float4 * p = (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
@@ -595,6 +600,8 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         __syncthreads();
         mk_prof_at(prof, MK_PH_ST_Q8);
     }
+#undef MK_COL
+#undef MK_NC
 }
 
 // the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier)
@@ -664,6 +671,9 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
     return fmaf(__fmul_rn(dw, dq.x), sf, acc);
 }
 
+// MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_M: any batch); a column's
+// arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
+template <int MC>
 MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
                             unsigned long long * prof) {
     const mk_mvr R = mk_mvr_of(mv);
@@ -682,7 +692,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
         if (m0 > 0) {
             mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
         }
-        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+        mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
         }
@@ -691,10 +701,10 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
         for (int i = 0; i < MK_NS - 1 && fe.u < R.units; ++i) {
             mk_it_next(R, fe);
         }
-        float acc[MK_M];
-        float gs[MK_M];
+        float acc[MC];
+        float gs[MC];
 #pragma unroll
-        for (int m = 0; m < MK_M; ++m) {
+        for (int m = 0; m < MC; ++m) {
             acc[m] = 0.0f;
             gs[m]  = 0.0f;
         }
@@ -721,8 +731,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
                         unsigned wq[8];
                         const float dw = mk_pair_block(base, p, h, is_q4, wq);
 #pragma unroll
-                        for (int m = 0; m < MK_M; ++m) {
-                            if (m < Mc) {
+                        for (int m = 0; m < MC; ++m) {
+                            if (MC == 1 || m < Mc) {
                                 acc[m] = mk_dot_q8(wq, dw, xq + (size_t) (m*KG + g0 + 2*p + h)*MK_XQ_REC, is_q4, acc[m]);
                             }
                         }
@@ -760,8 +770,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
                         }
                     }
 #pragma unroll
-                    for (int m = 0; m < MK_M; ++m) {
-                        if (m < Mc) {
+                    for (int m = 0; m < MC; ++m) {
+                        if (MC == 1 || m < Mc) {
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
                                 if (h == 1 && !two) {
@@ -778,8 +788,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
                     float w[32];
                     mk_deq32(base, type, i, min(32, K - 32*g), w);
 #pragma unroll
-                    for (int m = 0; m < MK_M; ++m) {
-                        if (m < Mc) {
+                    for (int m = 0; m < MC; ++m) {
+                        if (MC == 1 || m < Mc) {
                             const float4 * xp = (const float4 *) (xs + m*KG*36 + g*36);
 #pragma unroll
                             for (int q = 0; q < 8; ++q) {
@@ -807,8 +817,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
             const int   ldy = MK_J(R, oj, ldy);
             const float cap = MK_J(R, oj, softcap);
 #pragma unroll
-            for (int m = 0; m < MK_M; ++m) {
-                if (m < Mc) {
+            for (int m = 0; m < MC; ++m) {
+                if (MC == 1 || m < Mc) {
                     float s = mk_warp_sum(acc[m]);
                     acc[m] = 0.0f;
                     if (R.pair && sub == 0) {
@@ -1290,7 +1300,11 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             s_xin[0] = fx();
         }
         __syncthreads();
-        mk_mv_run(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+        if (M == 1) {
+            mk_mv_run<1>(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+        } else {
+            mk_mv_run<MK_M>(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+        }
     };
     auto plain = [&](const float * in, int ld) {
         return [=]() {
