@@ -354,8 +354,8 @@ MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws) {
 
 // issue this warp's first MK_NS - 1 tiles of a mat-vec: may run before the grid barrier that
 // precedes it (the weights do not depend on the barrier), so the loads overlap the wait
-MK_DEVICE_FN void mk_mv_begin(const mk_mv & mv, uint8_t * ws) {
-    const mk_mvr R = mk_mvr_of(mv);
+MK_DEVICE_FN void mk_mv_begin(const mk_mvr & Rs, uint8_t * ws) {
+    const mk_mvr R = Rs;
     mk_it it = mk_it_first(R);
     for (int i = 0; i < MK_NS - 1; ++i) {
         mk_fetch(R, it, ws);
@@ -675,9 +675,9 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
 // MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_M: any batch); a column's
 // arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
 template <int MC>
-MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
+MK_DEVICE_FN void mk_mv_run(const mk_mvr & Rs, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
                             unsigned long long * prof) {
-    const mk_mvr R = mk_mvr_of(mv);
+    const mk_mvr R = Rs;
     const bool q8 = mk_is_q8dot(R.j0.type) || mk_is_q8dot(R.j1.type) || mk_is_q8dot(R.j2.type);
     // only 8-bit inputs are needed (every job Q4_0/Q8_0) and there is no norm: the records alone, made as the
     // values arrive, in the whole inputs region (room for 4x the columns: verify batches in one pass)
@@ -691,7 +691,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
         if (m0 > 0) {
-            mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
+            mk_mv_begin(Rs, ws);  // another pass over the weights for the next columns
         }
         mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         if (m0 == 0) {
@@ -1237,7 +1237,8 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // (Passed by reference to the phases, a per-thread copy would be local memory: a few hundred bytes x 512
     // threads per call, far more than the L1 left beside the shared memory, so every phase paid L2 round trips.)
     MK_SHARED(mk_args, s_a, 1);
-    MK_SHARED(mk_mv,   s_mv, 2);   // the mat-vec begun last, and the one before
+    MK_SHARED(mk_mvr,  s_mv, 2);   // the mat-vec begun last, and the one before (its jobs' decoded parameters:
+                                   // worked out once per block by thread 0, not by every warp)
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
     if (threadIdx.x == 0) {
         s_a[0] = ka;
@@ -1290,7 +1291,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     auto begin = [&](auto f) {
         cur ^= 1;
         if (threadIdx.x == 0) {
-            s_mv[cur] = f();
+            s_mv[cur] = mk_mvr_of(f());
         }
         __syncthreads();
         mk_mv_begin(s_mv[cur], ws);
