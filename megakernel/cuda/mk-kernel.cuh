@@ -226,12 +226,14 @@ MK_DEVICE float mk_warp_sum(float v) {
 }
 
 // a job's parameters in registers (read once per mat-vec, never indexed at run time): a row is cut
-// into nseg tiles of sgps*256 values (the last one shorter), each at most MK_TB bytes
+// into nseg tiles of sgps*256 values (the last one shorter), each at most MK_TB bytes: a full tile is tb bytes
+// and tg 32-value groups, the last one lb bytes and lg groups
 struct mk_jr {
     const uint8_t * data;
     float         * y;
     uint64_t        nb1;
-    int             ne0, ne1, type, ldy, nseg, sgps, b256;
+    int             ne0, ne1, type, ldy, nseg;
+    int             tb, tg, lb, lg;
     float           softcap;
 };
 
@@ -245,11 +247,16 @@ MK_DEVICE mk_jr mk_jr_of(const mk_job & jb) {
     r.type    = jb.w.type;
     r.ldy     = jb.ldy;
     r.softcap = jb.softcap;
-    r.b256    = jb.w.b256;   // from the plan (ggml_row_size): exact for any multiple of the block size
+    const int b256 = jb.w.b256;   // from the plan (ggml_row_size): exact for any multiple of the block size
     const int nsg   = (r.ne0 + 255)/256;
-    const int bytes = (int) (((int64_t) r.ne0*r.b256)/256);
+    const int bytes = (int) (((int64_t) r.ne0*b256)/256);
     r.nseg = (bytes + MK_TB - 1)/MK_TB;
-    r.sgps = (nsg + r.nseg - 1)/r.nseg;
+    const int sgps = (nsg + r.nseg - 1)/r.nseg;   // 256-value groups per tile
+    r.tb   = sgps*b256;
+    r.tg   = sgps*8;
+    const int v0 = (r.nseg - 1)*sgps*256;   // the last tile's first value
+    r.lg   = (r.ne0 - v0 + 31)/32;
+    r.lb   = bytes - (r.nseg - 1)*r.tb;
     return r;
 }
 
@@ -320,15 +327,12 @@ MK_DEVICE void mk_it_next(const mk_mvr & R, mk_it & it) {
 
 // the tile's bytes and groups: groups g0 .. g0+ng-1 (32 values each) of the row
 MK_DEVICE const uint8_t * mk_tile(const mk_mvr & R, const mk_it & it, int & nbytes, int & g0, int & ng) {
-    const int sgps = MK_J(R, it.job, sgps);
-    const int b256 = MK_J(R, it.job, b256);
-    const int v0 = it.seg*sgps*256;
-    const int v1 = min(MK_J(R, it.job, ne0), v0 + sgps*256);
-    g0 = v0/32;
-    ng = (v1 - v0 + 31)/32;
-    const int b0 = (v0/256)*b256;
-    nbytes = (int) (((int64_t) v1*b256)/256) - b0;
-    return MK_J(R, it.job, data) + (size_t) it.row*MK_J(R, it.job, nb1) + b0;
+    const int  tb   = MK_J(R, it.job, tb);
+    const bool last = it.seg == MK_J(R, it.job, nseg) - 1;
+    g0     = it.seg*MK_J(R, it.job, tg);
+    ng     = last ? MK_J(R, it.job, lg) : MK_J(R, it.job, tg);
+    nbytes = last ? MK_J(R, it.job, lb) : tb;
+    return MK_J(R, it.job, data) + (size_t) it.row*MK_J(R, it.job, nb1) + it.seg*tb;
 }
 
 // this warp's stage for tile number t
