@@ -1,8 +1,8 @@
 // mk-kernel.cuh: the device code of the CUDA Gemma decode megakernel (megakernel/cuda/mk.cu has the
 // host side). Written against a few macros so that the very same code also compiles for the CPU in
 // the host emulation test (tests/mk_hostemu/): the includer defines
-//   MK_DEVICE (inline helpers), MK_DEVICE_FN (larger device functions), MK_KERNEL (return type and
-//   attributes of the entry point),
+//   MK_DEVICE (inline helpers), MK_DEVICE_FN (larger device functions), MK_HOSTDEV (helpers the host also
+//   calls), MK_KERNEL (return type and attributes of the entry point),
 //   MK_SHARED(T, name, n) / MK_SHARED_DYN(T, name) (block-shared arrays), MK_UNROLL, MK_TRAP(),
 //   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) / mk_ldcg4(p) / mk_ldcg_u32x4(p) (loads through L2, past
 //   the non-coherent L1),
@@ -88,6 +88,8 @@ static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int
     }
 }
 
+struct mk_mvr;
+
 struct mk_args {
     const ggml_mk_model * m;     // device copy of the plan
     const mk_dstep      * st;    // device copy of the step
@@ -110,6 +112,7 @@ struct mk_args {
     unsigned * att_cnt;  // [MK_M][max_head] chunks done (the last one combines and resets it)
     unsigned * bar;      // grid barrier: [0] arrivals, [1] generation
     unsigned long long * prof;  // NULL, or phase timestamps: [0] count, then (tag, globaltimer ns) pairs
+    const struct mk_mvr * mvt;  // the step's mat-vecs, decoded once by the host (mk_mv_table)
     int n_pl_all;
     int max_head;
     int n_chunk;
@@ -237,7 +240,7 @@ struct mk_jr {
     float           softcap;
 };
 
-MK_DEVICE mk_jr mk_jr_of(const mk_job & jb) {
+MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
     mk_jr r;
     r.data    = (const uint8_t *) jb.w.data;
     r.y       = jb.y;
@@ -268,14 +271,85 @@ struct mk_mvr {
 // field f of job j (0..2) of R, selected without indexing
 #define MK_J(R, j, f) ((j) == 0 ? (R).j0.f : (j) == 1 ? (R).j1.f : (R).j2.f)
 
-MK_DEVICE mk_mvr mk_mvr_of(const mk_mv & mv) {
-    mk_mvr R;
+MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv) {
+    mk_mvr R = {};
+    if (mv.n_jobs == 0) {
+        return R;   // (a weight the model does not have: never run)
+    }
     R.j0    = mk_jr_of(mv.jobs[0]);
     R.j1    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1]) : R.j0;
     R.j2    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2]) : R.j0;
     R.pair  = mv.pair;
     R.units = mv.pair ? R.j0.ne1 : R.j0.ne1 + (mv.n_jobs > 1 ? R.j1.ne1 : 0) + (mv.n_jobs > 2 ? R.j2.ne1 : 0);
     return R;
+}
+
+// the mat-vecs of a step, in the order the kernel runs them: [0] the per-layer projection (Gemma 4), then
+// MK_MV_PER_LAYER per layer, then the LM head. The host decodes them once (mk_mv_table, at create) into the
+// table the kernel reads (mk_args.mvt): no block or warp works them out again at every phase
+enum { MK_MV_QKV, MK_MV_O, MK_MV_FFN, MK_MV_DOWN, MK_MV_PL_GATE, MK_MV_PL_PROJ, MK_MV_PER_LAYER };
+
+MK_HOSTDEV int mk_mv_index(int il, int k) { return 1 + il*MK_MV_PER_LAYER + k; }
+MK_HOSTDEV int mk_mv_count(int n_layer)    { return 2 + n_layer*MK_MV_PER_LAYER; }
+
+// host: the descriptor of mat-vec idx; its outputs are the scratch buffers of a
+static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int idx) {
+    mk_mv mv = {};
+    auto one = [&](const ggml_mk_weight & w, float * y, int ldy, float softcap) {
+        if (w.data) {
+            mv.jobs[0] = { w, y, ldy, softcap };
+            mv.n_jobs  = 1;
+        }
+    };
+    if (idx == 0) {
+        if (md.n_embd_pl > 0) {
+            one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f);
+        }
+        return mv;
+    }
+    if (idx == mk_mv_count(md.n_layer) - 1) {
+        one(md.output, a.logits, md.n_vocab, md.softcap);
+        return mv;
+    }
+    const ggml_mk_layer & L = md.layers[(idx - 1)/MK_MV_PER_LAYER];
+    switch ((idx - 1) % MK_MV_PER_LAYER) {
+        case MK_MV_QKV:
+            mv.jobs[mv.n_jobs++] = { L.wq, a.q, md.max_q, 0.0f };
+            if (L.has_kv) {
+                mv.jobs[mv.n_jobs++] = { L.wk, a.k, md.max_kv, 0.0f };
+                if (!L.v_from_k) {
+                    mv.jobs[mv.n_jobs++] = { L.wv, a.v, md.max_kv, 0.0f };
+                }
+            }
+            break;
+        case MK_MV_O:    one(L.wo, a.h, md.n_embd, 0.0f); break;
+        case MK_MV_FFN:
+            // gate and up: one warp computes row r of both and writes gelu(gate)*up
+            mv.jobs[0] = { L.ffn_gate, a.g, md.max_ff, 0.0f };
+            mv.jobs[1] = { L.ffn_up,   a.g, md.max_ff, 0.0f };
+            mv.n_jobs  = 2;
+            mv.pair    = 1;
+            break;
+        case MK_MV_DOWN: one(L.ffn_down, a.h, md.n_embd, 0.0f); break;
+        case MK_MV_PL_GATE:
+            if (md.n_embd_pl > 0) {
+                one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f);
+            }
+            break;
+        case MK_MV_PL_PROJ:
+            if (md.n_embd_pl > 0) {
+                one(L.pl_proj, a.h, md.n_embd, 0.0f);
+            }
+            break;
+    }
+    return mv;
+}
+
+// host: the whole table (mk_mv_count(md.n_layer) entries)
+static inline void mk_mv_table(const ggml_mk_model & md, const mk_args & a, mk_mvr * tab) {
+    for (int i = 0; i < mk_mv_count(md.n_layer); ++i) {
+        tab[i] = mk_mvr_of(mk_mv_desc(md, a, i));
+    }
 }
 
 // where a warp is in its walk over the mat-vec: row unit u (pair: row u of both jobs), sub-row, tile
@@ -1241,8 +1315,6 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // (Passed by reference to the phases, a per-thread copy would be local memory: a few hundred bytes x 512
     // threads per call, far more than the L1 left beside the shared memory, so every phase paid L2 round trips.)
     MK_SHARED(mk_args, s_a, 1);
-    MK_SHARED(mk_mvr,  s_mv, 2);   // the mat-vec begun last, and the one before (its jobs' decoded parameters:
-                                   // worked out once per block by thread 0, not by every warp)
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
     if (threadIdx.x == 0) {
         s_a[0] = ka;
@@ -1268,37 +1340,14 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         }
     }
 
-    // the mat-vecs of one layer (and the first of the next), begun before the barrier that precedes them
-    auto mv_qkv = [&](int il) {
-        const ggml_mk_layer & L = md.layers[il];
-        mk_mv mv = {};
-        mv.jobs[mv.n_jobs++] = { L.wq, a.q, md.max_q, 0.0f };
-        if (L.has_kv) {
-            mv.jobs[mv.n_jobs++] = { L.wk, a.k, md.max_kv, 0.0f };
-            if (!L.v_from_k) {
-                mv.jobs[mv.n_jobs++] = { L.wv, a.v, md.max_kv, 0.0f };
-            }
-        }
-        return mv;
-    };
-    auto mv_one = [&](const ggml_mk_weight & w, float * y, int ldy, float softcap) {
-        mk_mv mv = {};
-        mv.jobs[0] = { w, y, ldy, softcap };
-        mv.n_jobs = 1;
-        return mv;
-    };
     const bool ple = md.n_embd_pl > 0;
 
-    // begin(f): thread 0 writes the descriptor f() makes into the next slot, then every warp issues its first
-    // weight tiles; run(fx): the same for the inputs, then the mat-vec of the slot begun last
-    int cur = 1;
-    auto begin = [&](auto f) {
-        cur ^= 1;
-        if (threadIdx.x == 0) {
-            s_mv[cur] = mk_mvr_of(f());
-        }
-        __syncthreads();
-        mk_mv_begin(s_mv[cur], ws);
+    // begin(idx): every warp issues its first weight tiles of mat-vec idx (mk_mv_index; typically before the
+    // barrier that precedes it); run(fx): thread 0 writes the inputs fx() makes, then the mat-vec begun last
+    const mk_mvr * cur = a.mvt;
+    auto begin = [&](int idx) {
+        cur = a.mvt + idx;
+        mk_mv_begin(*cur, ws);
     };
     auto run = [&](auto fx) {
         if (threadIdx.x == 0) {
@@ -1306,9 +1355,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         }
         __syncthreads();
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M1)) {
-            mk_mv_run<1>(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+            mk_mv_run<1>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
         } else {
-            mk_mv_run<MK_M>(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+            mk_mv_run<MK_M>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
         }
     };
     auto plain = [&](const float * in, int ld) {
@@ -1319,14 +1368,14 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     };
 
     if (ple) {
-        begin([&]() { return mv_one(md.pl_model_proj, a.pl_in, a.n_pl_all, 0.0f); });
+        begin(0);
         mk_grid_sync(a, MK_PH_EMBD);
         run(plain(xc, n));
-        begin([&]() { return mv_qkv(0); });
+        begin(mk_mv_index(0, MK_MV_QKV));
         mk_grid_sync(a, MK_PH_PL_PROJ);
         mk_pl_inputs(a, M);
     } else {
-        begin([&]() { return mv_qkv(0); });
+        begin(mk_mv_index(0, MK_MV_QKV));
     }
     mk_grid_sync(a, ple ? MK_PH_PL_IN : MK_PH_EMBD);
 
@@ -1350,7 +1399,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         // Q, K, V of rmsnorm(x) * attn_norm
         run([&]() { return xin_res(L.attn_norm); });
         res_applied();
-        begin([&]() { return mv_one(L.wo, a.h, n, 0.0f); });
+        begin(mk_mv_index(il, MK_MV_O));
         mk_grid_sync(a, MK_PH_QKV);
 
         mk_heads(a, il, M, xs);
@@ -1364,14 +1413,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         mk_grid_sync(a, MK_PH_ATTN);
 
         run(plain(a.att, md.max_q));
-        begin([&]() {
-            mk_mv ffn = {};
-            ffn.jobs[0] = { L.ffn_gate, a.g, md.max_ff, 0.0f };
-            ffn.jobs[1] = { L.ffn_up,   a.g, md.max_ff, 0.0f };
-            ffn.n_jobs  = 2;
-            ffn.pair    = 1;
-            return ffn;
-        });
+        begin(mk_mv_index(il, MK_MV_FFN));
         mk_grid_sync(a, MK_PH_WO);
         res_nw = L.attn_post_norm;
         res_scale = 1.0f;
@@ -1379,7 +1421,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         // gelu(gate) * up of rmsnorm(x) * ffn_norm, after the attention residual
         run([&]() { return xin_res(L.ffn_norm); });
         res_applied();
-        begin([&]() { return mv_one(L.ffn_down, a.h, n, 0.0f); });
+        begin(mk_mv_index(il, MK_MV_DOWN));
         mk_grid_sync(a, MK_PH_FFN);
 
         run(plain(a.g, md.max_ff));
@@ -1387,11 +1429,11 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         res_scale = ple ? 1.0f : L.out_scale;
 
         if (ple) {
-            begin([&]() { return mv_one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f); });
+            begin(mk_mv_index(il, MK_MV_PL_GATE));
             mk_grid_sync(a, MK_PH_DOWN);
             run([&]() { return xin_res(nullptr); });
             res_applied();
-            begin([&]() { return mv_one(L.pl_proj, a.h, n, 0.0f); });
+            begin(mk_mv_index(il, MK_MV_PL_PROJ));
             mk_grid_sync(a, MK_PH_PL_GATE);
             run([&]() {
                 mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
@@ -1401,11 +1443,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             res_nw = L.pl_post_norm;
             res_scale = L.out_scale;
         }
-        if (il + 1 < md.n_layer) {
-            begin([&]() { return mv_qkv(il + 1); });
-        } else {
-            begin([&]() { return mv_one(md.output, a.logits, md.n_vocab, md.softcap); });
-        }
+        begin(il + 1 < md.n_layer ? mk_mv_index(il + 1, MK_MV_QKV) : mk_mv_count(md.n_layer) - 1);
         mk_grid_sync(a, ple ? MK_PH_PL_LAYER : MK_PH_DOWN);
     }
 

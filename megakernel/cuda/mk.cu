@@ -20,6 +20,7 @@
 
 #define MK_DEVICE    static __device__ __forceinline__
 #define MK_DEVICE_FN static __device__ __noinline__   // phases: own register allocation, no spills in hot loops
+#define MK_HOSTDEV   static __host__ __device__ inline
 #define MK_KERNEL    __global__ void __launch_bounds__(MK_THREADS)
 #define MK_SHARED(T, name, n)   __shared__ T name[n]
 #define MK_SHARED_DYN(T, name)  extern __shared__ T name[]
@@ -249,6 +250,8 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     }
     total += mk_align(M*max_head*sizeof(unsigned)); // attention chunk counters
     total += 256; // barrier
+    const size_t sz_mvt = mk_align(mk_mv_count(model->n_layer)*sizeof(mk_mvr));
+    total += sz_mvt;  // the mat-vec table
     MK_TRY(cudaMalloc(&mk->scratch, total), "scratch allocation");
     MK_TRY(cudaMemset(mk->scratch, 0, total), "scratch clear");
     float ** dst[] = {
@@ -276,8 +279,17 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     mk->att_chunk = model->att_chunk;
     mk->all_chunks = (model->debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0;
     mk->args.bar = (unsigned *) p;
+    p += 256;
     mk->args.m = mk->d_model;
     mk->args.n_pl_all = mk->n_pl_all;
+    {
+        // the step's mat-vecs decoded once: the weights' host plan, the outputs' scratch addresses
+        std::vector<mk_mvr> tab(mk_mv_count(model->n_layer));
+        mk_mv_table(*model, mk->args, tab.data());
+        MK_TRY(cudaMemcpy(p, tab.data(), tab.size()*sizeof(mk_mvr), cudaMemcpyHostToDevice), "mat-vec table upload");
+        mk->args.mvt = (const mk_mvr *) p;
+        p += sz_mvt;
+    }
     return mk;
 }
 

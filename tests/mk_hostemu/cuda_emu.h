@@ -139,6 +139,7 @@ inline void * emu_shared(int id, size_t bytes) {
 
 #define MK_DEVICE    static inline
 #define MK_DEVICE_FN static
+#define MK_HOSTDEV   static inline
 #define MK_KERNEL    static void
 #define MK_SHARED(T, name, n)  T * name = (T *) emu_shared(__COUNTER__, sizeof(T)*(n))
 #define MK_SHARED_DYN(T, name) T * name = (T *) emu_cur->dyn.data()

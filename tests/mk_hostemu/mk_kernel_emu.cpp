@@ -209,6 +209,9 @@ int main(int argc, char ** argv) {
         a.max_head = n_head; a.n_chunk = n_chunk; a.q = s_q.data(); a.k = s_k.data(); a.v = s_v.data(); a.att = s_att.data(); a.h = s_h.data();
         a.g = s_g.data(); a.pl_in = s_pl.data(); a.pl_g = s_plg.data(); a.logits = s_lo.data();
         a.bar = bar; a.n_pl_all = n_pl*n_layer;
+        std::vector<mk_mvr> mvt(mk_mv_count(n_layer));
+        mk_mv_table(M_, a, mvt.data());
+        a.mvt = mvt.data();
         if (!emu_launch(mk_decode_kernel, a, 2, MK_THREADS, MK_SMEM_BYTES, "mk_decode_kernel")) {
             printf("FAIL deadlock in mk_decode_kernel\n");
             exit(1);
