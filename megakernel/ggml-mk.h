@@ -108,7 +108,7 @@ struct ggml_mk_model {
 // kernel variants for A/B runs in one process (LLAMA_MEGAKERNEL_VARIANT=bits, test-mk --variant): off by default,
 // each one a candidate not measured yet, or the behaviour a recent change replaced (to measure that change);
 // results bitwise equal to the default kernel
-#define GGML_MK_VAR_GENERIC_M1        0x400   // (before) one-token steps through the any-batch mat-vec code
+#define GGML_MK_VAR_GENERIC_M         0x400   // (before) every step through the mat-vec code made for any batch
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

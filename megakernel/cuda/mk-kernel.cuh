@@ -1354,8 +1354,15 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             s_xin[0] = fx();
         }
         __syncthreads();
-        if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M1)) {
+        // the code made for the smallest column bound that holds M (the same arithmetic per column in all)
+        if (a.m->debug_flags & GGML_MK_VAR_GENERIC_M) {
+            mk_mv_run<MK_M>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
+        } else if (M == 1) {
             mk_mv_run<1>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
+        } else if (M == 2) {
+            mk_mv_run<2>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
+        } else if (M <= 4) {
+            mk_mv_run<4>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
         } else {
             mk_mv_run<MK_M>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
         }
