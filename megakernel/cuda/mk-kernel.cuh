@@ -110,7 +110,8 @@ struct mk_args {
     float * logits; // n_vocab
     float * att_part;    // attention chunks: [MK_M][max_head][n_chunk][4 + max_head_dim] (max, sum, -, -, acc)
     unsigned * att_cnt;  // [MK_M][max_head] chunks done (the last one combines and resets it)
-    unsigned * bar;      // grid barrier: [0] arrivals, [1] generation
+    unsigned * bar;       // grid barrier: arrivals in this launch (zero at the start: the launch before zeroed it)
+    unsigned * bar_next;  // the next launch's count (the two alternate), zeroed by block 0 at the start
     unsigned long long * prof;  // NULL, or phase timestamps: [0] count, then (tag, globaltimer ns) pairs
     const struct mk_mvr * mvt;  // the step's mat-vecs, decoded once by the host (mk_mv_table)
     int n_pl_all;
@@ -119,7 +120,11 @@ struct mk_args {
 };
 
 // ---------------------------------------------------------------------------------------------
-// grid barrier: arrive + spin on a generation counter, fences on both sides
+// grid barrier: one count of arrivals in this launch that only grows: the arrival that makes it a multiple of
+// the grid ends the barrier, so a block waits until the count reaches the next multiple of the grid above its
+// own arrival. One atomic round trip per block, no generation word, nothing on the last arrival's path; fences
+// on both sides carry the phases' data. Launches alternate between two counts: this launch's block 0 zeroes
+// the next one's (nobody uses it now: the launch before has ended)
 
 // phases, for the optional profile (LLAMA_MEGAKERNEL_PROFILE=1): the tag names the phase that ends
 enum mk_phase {
@@ -146,6 +151,20 @@ MK_DEVICE void mk_prof(const mk_args & a, int tag) {
     mk_prof_at(a.prof, tag);
 }
 
+// (thread 0 of each block; out of line: one copy of the code, not one at every barrier of the kernel body)
+MK_DEVICE_FN void mk_grid_arrive_wait(unsigned * bar) {
+    const unsigned n = gridDim.x;
+    __threadfence();
+    const unsigned old = atomicAdd(bar, 1u);
+    const unsigned end = old - old % n + n;
+    if (old + 1 != end) {
+        while (*(volatile unsigned *) bar < end) {
+            __nanosleep(20);
+        }
+    }
+    __threadfence();
+}
+
 MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
     __syncthreads();
     mk_prof(a, tag);
@@ -153,19 +172,7 @@ MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
         return; // planted bug for the tests: phases race
     }
     if (threadIdx.x == 0) {
-        volatile unsigned * gen = a.bar + 1;
-        const unsigned g = *gen;
-        __threadfence();
-        if (atomicAdd(a.bar, 1u) == gridDim.x - 1) {
-            atomicExch(a.bar, 0u);
-            __threadfence();
-            atomicAdd(a.bar + 1, 1u);
-        } else {
-            while (*gen == g) {
-                __nanosleep(20);
-            }
-        }
-        __threadfence();
+        mk_grid_arrive_wait(a.bar);
     }
     mk_prof(a, MK_PH_WAIT);
     __syncthreads();
@@ -920,6 +927,21 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & Rs, const mk_xin & x, int M, float ep
     }
 }
 
+// the code made for the smallest column bound that holds M (the same arithmetic per column in all); generic: the
+// any-batch code for every M. (Out of line: one call site in the kernel body, whose registers then stay put.)
+MK_DEVICE_FN void mk_mv_run_m(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
+                              unsigned long long * prof, bool generic) {
+    if (generic || M > 4) {
+        mk_mv_run<MK_M>(R, x, M, eps, xs, ws, prof);
+    } else if (M == 1) {
+        mk_mv_run<1>(R, x, M, eps, xs, ws, prof);
+    } else if (M == 2) {
+        mk_mv_run<2>(R, x, M, eps, xs, ws, prof);
+    } else {
+        mk_mv_run<4>(R, x, M, eps, xs, ws, prof);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // per-head work: Q/K/V norms, rope, KV cache writes (one block per head vector, sm: block scratch)
 
@@ -1321,6 +1343,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     }
     __syncthreads();
     const mk_args & a = s_a[0];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        *a.bar_next = 0;   // the next launch's barrier count
+    }
     float   * xs = (float *) smem;                       // staged mat-vec inputs; the heads' scratch
     uint8_t * ws = (uint8_t *) smem + MK_XS_BYTES + MK_XQ_BYTES;  // weight stages
 
@@ -1354,18 +1379,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             s_xin[0] = fx();
         }
         __syncthreads();
-        // the code made for the smallest column bound that holds M (the same arithmetic per column in all)
-        if (a.m->debug_flags & GGML_MK_VAR_GENERIC_M) {
-            mk_mv_run<MK_M>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
-        } else if (M == 1) {
-            mk_mv_run<1>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
-        } else if (M == 2) {
-            mk_mv_run<2>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
-        } else if (M <= 4) {
-            mk_mv_run<4>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
-        } else {
-            mk_mv_run<MK_M>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
-        }
+        mk_mv_run_m(*cur, s_xin[0], M, eps, xs, ws, a.prof, (a.m->debug_flags & GGML_MK_VAR_GENERIC_M) != 0);
     };
     auto plain = [&](const float * in, int ld) {
         return [=]() {

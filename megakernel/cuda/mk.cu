@@ -93,6 +93,7 @@ struct mk_cuda {
     int n_ctx = 0;
     int att_chunk = 8;
     bool all_chunks = false;   // GGML_MK_VAR_ALL_CHUNKS
+    uint64_t launches = 0;     // the grid barrier's two counts alternate per launch
 
     // LLAMA_MEGAKERNEL_PROFILE=1: per-phase times of one-token steps (block 0's view), printed at the end
     unsigned long long * d_prof = nullptr;
@@ -278,7 +279,8 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     mk->n_ctx = model->n_ctx;
     mk->att_chunk = model->att_chunk;
     mk->all_chunks = (model->debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0;
-    mk->args.bar = (unsigned *) p;
+    mk->args.bar      = (unsigned *) p;       // (alternate per launch, see ggml_cuda_mk_eval)
+    mk->args.bar_next = (unsigned *) p + 1;
     p += 256;
     mk->args.m = mk->d_model;
     mk->args.n_pl_all = mk->n_pl_all;
@@ -414,6 +416,9 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     if (prof) {
         cudaMemsetAsync(mk->d_prof, 0, sizeof(unsigned long long), mk->stream);
         cudaEventRecord(mk->ev[0], mk->stream);
+    }
+    if (mk->launches++ % 2) {
+        std::swap(a.bar, a.bar_next);
     }
     void * kargs[] = { (void *) &a };
     cudaError_t e = cudaLaunchCooperativeKernel((const void *) mk_decode_kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, MK_SMEM_BYTES, mk->stream);
