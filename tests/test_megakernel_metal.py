@@ -75,8 +75,11 @@ def _assert_ok(r: subprocess.CompletedProcess, verify: list[int]):
         assert f"OK verify M={M}: 0 of {M} rows differ" in r.stdout, r.stdout
 
 
-def test_metal_megakernel_matches_reference_and_verify_equals_decode(driver):
-    r = _run(driver, "--tg", "3", "--verify", "2,4,8")
+@pytest.mark.parametrize("plan", ["gemma4", "gemma3"])
+def test_metal_megakernel_matches_reference_and_verify_equals_decode(driver, plan):
+    # gemma3: no per-layer inputs, Q scaled after rope, no V norm, V = K and a linear rope scale on the
+    # global layer, output scale after the FFN (mk_ref.h)
+    r = _run(driver, *(["--gemma3"] if plan == "gemma3" else []), "--tg", "3", "--verify", "2,4,8")
     _assert_ok(r, [2, 4, 8])
 
 
@@ -102,22 +105,24 @@ def test_metal_megakernel_refuses_unsupported_types(driver):
     assert r.returncode == 0 and "OK unsupported type refused: layer 1 ffn_down: weight type q5_0" in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize("old,new,expect", [
+@pytest.mark.parametrize("old,new,expect,args", [
     # column arithmetic that depends on M: the verify steps must no longer equal decode bit for bit
     ("                x[i] = (x[i] + (h[i]*r)*w[i])*rs;", "                x[i] = (x[i] + (h[i]*r)*w[i])*rs*(1.0f + 1e-7f*(c.M - 1));",
-     r"^FAIL verify M=\d+: [1-9]"),
+     r"^FAIL verify M=\d+: [1-9]", []),
     # a decoding bug (Q6_K quarter -> nibble)
-    ("const int lsh = (qd >> 1)*4;", "const int lsh = (qd & 1)*4;", r"^FAIL step \d+"),
+    ("const int lsh = (qd >> 1)*4;", "const int lsh = (qd & 1)*4;", r"^FAIL step \d+", []),
     # rope pairs one register apart instead of n_rot/2
-    ("const int tp   = half_rot/32;", "const int tp   = half_rot/32 > 1 ? half_rot/32 - 1 : 1;", r"^FAIL step \d+"),
-])
-def test_metal_megakernel_planted_kernel_bugs_fail(tmp_path, cpu_build, old, new, expect):
+    ("const int tp   = half_rot/32;", "const int tp   = half_rot/32 > 1 ? half_rot/32 - 1 : 1;", r"^FAIL step \d+", []),
+    # Gemma 3's Q scale forgotten
+    ("src[c.lane + 32*t] = v[t]*L.q_scale;", "src[c.lane + 32*t] = v[t];", r"^FAIL step \d+", ["--gemma3"]),
+], ids=["m-dependent", "q6_k", "rope", "q_scale"])
+def test_metal_megakernel_planted_kernel_bugs_fail(tmp_path, cpu_build, old, new, expect, args):
     text = KERNEL.read_text()
     assert old in text, f"mutation target not in {KERNEL} (update the test): {old}"
     mutant = tmp_path / "mk-kernel-mutant.metal"
     mutant.write_text(text.replace(old, new, 1))
     exe = _build(tmp_path / "build", cpu_build, kernel=mutant)
-    r = _run(exe, "--tg", "3", "--verify", "4,8")
+    r = _run(exe, *args, "--tg", "3", "--verify", "4,8")
     assert r.returncode != 0 and re.search(expect, r.stdout, re.M), f"planted bug went unnoticed:\n{r.stdout[-3000:]}"
 
 

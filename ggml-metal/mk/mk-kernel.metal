@@ -104,15 +104,6 @@ static inline float mk_simd_sum(float v) {
     return v;
 }
 
-static inline float mk_simd_max(float v) {
-    v = max(v, simd_shuffle_xor(v, 16));
-    v = max(v, simd_shuffle_xor(v, 8));
-    v = max(v, simd_shuffle_xor(v, 4));
-    v = max(v, simd_shuffle_xor(v, 2));
-    v = max(v, simd_shuffle_xor(v, 1));
-    return v;
-}
-
 // threadgroup-wide sum: lanes, then simdgroups in order (called in threadgroup-uniform control flow)
 static inline float mk_tg_sum(thread const mk_ctx & c, float v) {
     v = mk_simd_sum(v);

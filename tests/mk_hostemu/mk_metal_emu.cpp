@@ -7,7 +7,9 @@
 // KV buffers, as they would in llama.cpp's Metal buffers. Checks (OK/FAIL lines, exit 1 on failure):
 //  - one-token steps over a sequence that crosses the sliding window vs the reference;
 //  - verify steps of M tokens: every row bitwise equal to the one-token steps (same pipeline, M at run time).
-// usage: mk_metal_emu [--planted nobarrier|nofence] [--tg N] [--verify 2,4,8] [--unsupported]
+// usage: mk_metal_emu [--gemma3] [--planted nobarrier|nofence] [--tg N] [--verify 2,4,8] [--unsupported]
+//   --gemma3: the other shape of the plan (mk_ref.h): no per-layer inputs, Q scaled after rope, no V
+//     norm, V = K projection and a linear rope scale on the global layer, output scale after the FFN
 //   --planted: the grid barriers removed, or without their device-scope fences: must fail
 //   --unsupported: a Q5_0 matrix: mk_mtl_plan_make must refuse it, naming the tensor (exit 0 if it does)
 #include <ggml.h>
@@ -76,6 +78,7 @@ int main(int argc, char ** argv) {
     int planted = 0;
     int n_tg = 3;
     bool unsupported = false;
+    bool gemma3 = false;
     std::vector<int> verify_m = { 2, 4, 8 };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -90,13 +93,15 @@ int main(int argc, char ** argv) {
                 verify_m.push_back((int) strtol(p, (char **) &p, 10));
                 if (*p == ',') ++p;
             }
+        } else if (a == "--gemma3") {
+            gemma3 = true;
         } else if (a == "--unsupported") {
             unsupported = true;
         } else {
             planted = -1;
         }
         if (planted < 0) {
-            fprintf(stderr, "usage: %s [--planted nobarrier|nofence] [--tg N] [--verify 2,4,8] [--unsupported]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--gemma3] [--planted nobarrier|nofence] [--tg N] [--verify 2,4,8] [--unsupported]\n", argv[0]);
             return 2;
         }
     }
@@ -108,7 +113,7 @@ int main(int argc, char ** argv) {
         { true,   64, false, { GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_Q4_0, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_BF16 }, 1.0f },
     };
     model mm;
-    build(mm, defs, GGML_TYPE_Q6_K, false);   // float inputs for every type (no 8-bit input rounding)
+    build(mm, defs, GGML_TYPE_Q6_K, false, gemma3);   // float inputs for every type (no 8-bit input rounding)
     ggml_mk_model md = *mm.md;
     md.debug_flags = planted;
 
@@ -163,7 +168,7 @@ int main(int argc, char ** argv) {
         printf("note: %d threadgroups requested, the emulated device keeps %d co-resident: using %d\n", n_tg, resident, resident);
         n_tg = resident;
     }
-    printf("kernel_mk_decode: %d threadgroups x %d threads, scratch %zu bytes, plan %zu bytes, step %zu bytes\n", n_tg,
+    printf("kernel_mk_decode (%s): %d threadgroups x %d threads, scratch %zu bytes, plan %zu bytes, step %zu bytes\n", gemma3 ? "gemma3 plan" : "gemma4 plan", n_tg,
            MK_MTL_THREADS, (size_t) P->scratch_size, sizeof(mk_mtl_plan), mk_mtl_step_size(P));
 
     const emu_kernel_info * kinfo = emu_find_kernel("kernel_mk_decode");

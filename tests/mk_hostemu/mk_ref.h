@@ -4,7 +4,9 @@
 //
 // The model: 3 layers (sliding window of 6 with plain V, a global layer with transposed V and
 // proportional rope, a sliding layer that shares layer 0's KV), per-layer inputs, final softcap; each
-// driver picks the weight type of every matrix (types it supports). The weights are dequantized by
+// driver picks the weight type of every matrix (types it supports). gemma3 = true builds the other
+// shape of the plan instead: no per-layer inputs, Q scaled after rope, no V norm, V = K projection on the
+// global layer (which also has a linear rope scale), the layer output scale applied after the FFN. The weights are dequantized by
 // ggml's own to_float for the reference. A driver provides run(p0, M): the logits of tokens
 // p0..p0+M-1 (token i has embedding row i and position i) evaluated as one step; mk_ref_check runs
 // the one-token steps over a sequence that crosses the window against the reference and the verify
@@ -93,9 +95,9 @@ static vd rms(const vd & x, const float * w, double eps, size_t off = 0, size_t 
     return y;
 }
 static double gelu(double x) { return 0.5*x*(1.0 + tanh(0.79788456080286535587989211986876*x*(1.0 + 0.044715*x*x))); }
-static void rope(vd & v, int n_rot, int pos, double base, const float * ff) {
+static void rope(vd & v, int n_rot, int pos, double base, const float * ff, double scale = 1.0) {
     for (int i = 0; i < n_rot/2; ++i) {
-        const double th = pos*pow(base, -2.0*i/n_rot)/(ff ? ff[i] : 1.0);
+        const double th = scale*pos*pow(base, -2.0*i/n_rot)/(ff ? ff[i] : 1.0);
         const double c = cos(th), s = sin(th), x0 = v[i], x1 = v[i + n_rot/2];
         v[i] = x0*c - x1*s; v[i + n_rot/2] = x0*s + x1*c;
     }
@@ -119,6 +121,7 @@ struct model {
     std::unique_ptr<ggml_mk_model> md;
     layer_def defs[n_layer];
     bool q8_inputs = false;
+    bool gemma3 = false;
     std::vector<wt> keep;
     std::vector<std::vector<float>> vecs;
     std::vector<float> rope_ff;
@@ -152,14 +155,15 @@ struct model {
 };
 
 // builds the model with the given weight types (layer_def per layer) and output type
-static void build(model & mm, const layer_def (&defs)[n_layer], ggml_type out_type, bool q8_inputs) {
+static void build(model & mm, const layer_def (&defs)[n_layer], ggml_type out_type, bool q8_inputs, bool gemma3 = false) {
     mm.md.reset(new ggml_mk_model);
     ggml_mk_model & M_ = *mm.md;
     memset(&M_, 0, sizeof(M_));
     for (int il = 0; il < n_layer; ++il) mm.defs[il] = defs[il];
     mm.q8_inputs = q8_inputs;
+    mm.gemma3 = gemma3;
     M_.version = GGML_MK_VERSION; M_.arch = GGML_MK_ARCH_GEMMA4; M_.n_layer = n_layer; M_.n_embd = n_embd;
-    M_.n_vocab = n_vocab; M_.n_embd_pl = n_pl; M_.kv_type = GGML_TYPE_F16; M_.norm_eps = (float) eps;
+    M_.n_vocab = n_vocab; M_.n_embd_pl = gemma3 ? 0 : n_pl; M_.kv_type = GGML_TYPE_F16; M_.norm_eps = (float) eps;
     M_.embd_scale = sqrtf((float) n_embd); M_.softcap = (float) softcap; M_.attn_factor = 1.0f; M_.kq_scale = 1.0f;
     M_.n_ctx = kv_size; M_.att_chunk = 4;   // 8 chunks: the split attention and its combine at work
 
@@ -173,8 +177,12 @@ static void build(model & mm, const layer_def (&defs)[n_layer], ggml_type out_ty
 
     mm.out = &W_(out_type, n_embd, n_vocab, 3.0f);
     M_.output = mm.out->mk(); M_.output_norm = V_(n_embd, 0.5f, 1.5f);
-    mm.plp = &W_(GGML_TYPE_F32, n_embd, n_pl*n_layer);
-    M_.pl_model_proj = mm.plp->mk(); M_.pl_proj_norm = V_(n_pl, 0.5f, 1.5f);
+    if (!gemma3) {
+        mm.plp = &W_(GGML_TYPE_F32, n_embd, n_pl*n_layer);
+        M_.pl_model_proj = mm.plp->mk(); M_.pl_proj_norm = V_(n_pl, 0.5f, 1.5f);
+    } else {
+        M_.arch = GGML_MK_ARCH_GEMMA3;
+    }
     for (int il = 0; il < n_layer; ++il) {
         const layer_def & d = defs[il];
         ggml_mk_layer & L = M_.layers[il];
@@ -182,18 +190,22 @@ static void build(model & mm, const layer_def (&defs)[n_layer], ggml_type out_ty
         L.n_head = n_head; L.n_head_kv = 1; L.head_dim = d.hd; L.n_rot = d.hd; L.n_ff = n_ff; L.is_swa = d.swa;
         L.has_kv = d.has_kv; L.v_norm = 1; L.rope_base = d.swa ? 10000.0f : 1e6f; L.rope_scale = 1.0f;
         L.q_scale = 1.0f; L.out_scale = d.out_scale; L.rope_freqs = d.swa ? nullptr : mm.rope_ff.data();
+        if (gemma3) {
+            L.q_scale = 1.0f/sqrtf((float) d.hd); L.v_norm = 0; L.v_from_k = !d.swa;
+            L.rope_scale = d.swa ? 1.0f : 0.125f;
+        }
         lw[0] = &W_(d.t[0], n_embd, n_head*d.hd);
         lw[1] = d.has_kv ? &W_(d.t[1], n_embd, d.hd) : nullptr;
-        lw[2] = d.has_kv ? &W_(d.t[2], n_embd, d.hd) : nullptr;
+        lw[2] = d.has_kv && !L.v_from_k ? &W_(d.t[2], n_embd, d.hd) : nullptr;
         lw[3] = &W_(d.t[3], n_head*d.hd, n_embd);
         lw[4] = &W_(d.t[4], n_embd, n_ff);
         lw[5] = &W_(d.t[5], n_embd, n_ff);
         lw[6] = &W_(d.t[6], n_ff, n_embd);
-        lw[7] = &W_(d.t[7], n_embd, n_pl);
-        lw[8] = &W_(d.t[8], n_pl, n_embd);
-        L.wq = lw[0]->mk(); if (d.has_kv) { L.wk = lw[1]->mk(); L.wv = lw[2]->mk(); }
+        lw[7] = gemma3 ? nullptr : &W_(d.t[7], n_embd, n_pl);
+        lw[8] = gemma3 ? nullptr : &W_(d.t[8], n_pl, n_embd);
+        L.wq = lw[0]->mk(); if (d.has_kv) { L.wk = lw[1]->mk(); if (lw[2]) L.wv = lw[2]->mk(); }
         L.wo = lw[3]->mk(); L.ffn_gate = lw[4]->mk(); L.ffn_up = lw[5]->mk(); L.ffn_down = lw[6]->mk();
-        L.pl_gate = lw[7]->mk(); L.pl_proj = lw[8]->mk();
+        if (!gemma3) { L.pl_gate = lw[7]->mk(); L.pl_proj = lw[8]->mk(); }
         L.attn_norm = V_(n_embd, 0.5f, 1.5f); L.q_norm = V_(d.hd, 0.5f, 1.5f); L.k_norm = V_(d.hd, 0.5f, 1.5f);
         L.attn_post_norm = V_(n_embd, 0.5f, 1.5f); L.ffn_norm = V_(n_embd, 0.5f, 1.5f);
         L.ffn_post_norm = V_(n_embd, 0.5f, 1.5f); L.pl_post_norm = V_(n_embd, 0.5f, 1.5f);
@@ -212,13 +224,15 @@ inline vd model::ref(int pos) {
     const ggml_mk_model & M_ = *md;
     const bool q8 = q8_inputs;
     vd x(n_embd); for (int k = 0; k < n_embd; ++k) x[k] = (double) E[(size_t) pos*n_embd + k]*sqrt((double) n_embd);
-    vd pp = mv(*plp, x, q8);
     std::vector<vd> plin(n_layer);
-    for (int il = 0; il < n_layer; ++il) {
-        vd t(n_pl); for (int j = 0; j < n_pl; ++j) t[j] = pp[il*n_pl + j]/sqrt((double) n_embd);
-        vd tn = rms(t, M_.pl_proj_norm, eps);
-        plin[il].resize(n_pl);
-        for (int j = 0; j < n_pl; ++j) plin[il][j] = (tn[j] + PE[(size_t) pos*n_pl*n_layer + il*n_pl + j]*sqrt((double) n_pl))/sqrt(2.0);
+    if (!gemma3) {
+        vd pp = mv(*plp, x, q8);
+        for (int il = 0; il < n_layer; ++il) {
+            vd t(n_pl); for (int j = 0; j < n_pl; ++j) t[j] = pp[il*n_pl + j]/sqrt((double) n_embd);
+            vd tn = rms(t, M_.pl_proj_norm, eps);
+            plin[il].resize(n_pl);
+            for (int j = 0; j < n_pl; ++j) plin[il][j] = (tn[j] + PE[(size_t) pos*n_pl*n_layer + il*n_pl + j]*sqrt((double) n_pl))/sqrt(2.0);
+        }
     }
     for (int il = 0; il < n_layer; ++il) {
         const ggml_mk_layer & L = M_.layers[il];
@@ -226,16 +240,17 @@ inline vd model::ref(int pos) {
         vd xn = rms(x, L.attn_norm, eps);
         vd q = mv(*lw[il][0], xn, q8);
         if (L.has_kv) {
-            vd k = mv(*lw[il][1], xn, q8), v = mv(*lw[il][2], xn, q8);
-            vd kn = rms(k, L.k_norm, eps); rope(kn, hd, pos, L.rope_base, L.rope_freqs);
-            vd vn = rms(v, nullptr, eps);
+            vd k = mv(*lw[il][1], xn, q8), v = L.v_from_k ? k : mv(*lw[il][2], xn, q8);
+            vd kn = rms(k, L.k_norm, eps); rope(kn, hd, pos, L.rope_base, L.rope_freqs, L.rope_scale);
+            vd vn = L.v_norm ? rms(v, nullptr, eps) : v;
             for (auto & e : kn) e = f16r((float) e);
             for (auto & e : vn) e = f16r((float) e);
             rK[c][pos] = kn; rV[c][pos] = vn;
         }
         vd att((size_t) n_head*hd);
         for (int h = 0; h < n_head; ++h) {
-            vd qh = rms(q, L.q_norm, eps, (size_t) h*hd, hd); rope(qh, hd, pos, L.rope_base, L.rope_freqs);
+            vd qh = rms(q, L.q_norm, eps, (size_t) h*hd, hd); rope(qh, hd, pos, L.rope_base, L.rope_freqs, L.rope_scale);
+            for (auto & e : qh) e *= L.q_scale;
             std::vector<double> sc; std::vector<int> cells;
             for (int cc = 0; cc <= pos; ++cc) {
                 if (c == 0 && pos - cc >= W) continue;
@@ -253,6 +268,10 @@ inline vd model::ref(int pos) {
         for (int k = 0; k < n_ff; ++k) g[k] = gelu(g[k])*u[k];
         h = mv(*lw[il][6], g, q8);
         hn = rms(h, L.ffn_post_norm, eps); for (int k = 0; k < n_embd; ++k) x[k] += hn[k];
+        if (gemma3) {
+            for (auto & e : x) e *= L.out_scale;
+            continue;
+        }
         vd pg = mv(*lw[il][7], x, q8);
         for (int j = 0; j < n_pl; ++j) pg[j] = gelu(pg[j])*plin[il][j];
         h = mv(*lw[il][8], pg, q8);
