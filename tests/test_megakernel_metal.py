@@ -85,8 +85,9 @@ def test_metal_megakernel_matches_reference_and_verify_equals_decode(driver, pla
 
 @pytest.mark.parametrize("sched,order,tg", [("greedy", "rev", 2), ("rr", "fwd", 5), ("random", "shuffle", 8)])
 def test_metal_megakernel_schedules_and_grid_sizes(driver, sched, order, tg):
-    # the grid comes from the device (8 co-resident on the 2-core emulated GPU); results may not depend on it
-    r = _run(driver, "--tg", str(tg), "--verify", "3,8", TG_SCHED=sched, ORDER=order)
+    # the grid comes from the device (8 co-resident on the 2-core emulated GPU); results may not depend on it.
+    # (one case with every step over all cells; by default n_kv grows with the sequence as in llama.cpp)
+    r = _run(driver, "--tg", str(tg), "--verify", "3,8", *(["--full-kv"] if tg == 5 else []), TG_SCHED=sched, ORDER=order)
     _assert_ok(r, [3, 8])
 
 
@@ -115,12 +116,20 @@ def test_metal_megakernel_refuses_unsupported_types(driver):
     ("const int tp   = half_rot/32;", "const int tp   = half_rot/32 > 1 ? half_rot/32 - 1 : 1;", r"^FAIL step \d+", []),
     # Gemma 3's Q scale forgotten
     ("src[c.lane + 32*t] = v[t]*L.q_scale;", "src[c.lane + 32*t] = v[t];", r"^FAIL step \d+", ["--gemma3"]),
-], ids=["m-dependent", "q6_k", "rope", "q_scale"])
+    # attention chunks sized from the step's n_kv instead of fixed for the context: a verify step sees more
+    # cells than the one-token steps of its tokens did, so its chunks (and bits) differ
+    (["    const int CH    = P.att_chunk;", "const int nch   = (S.n_kv[cache] + P.att_chunk - 1)/P.att_chunk;"],
+     ["    const int CH    = max(P.att_chunk, n_kv/4);",
+      "const int nch   = (S.n_kv[cache] + max(P.att_chunk, S.n_kv[cache]/4) - 1)/max(P.att_chunk, S.n_kv[cache]/4);"],
+     r"^FAIL verify M=\d+: [1-9]", []),
+], ids=["m-dependent", "q6_k", "rope", "q_scale", "n_kv-chunks"])
 def test_metal_megakernel_planted_kernel_bugs_fail(tmp_path, cpu_build, old, new, expect, args):
     text = KERNEL.read_text()
-    assert old in text, f"mutation target not in {KERNEL} (update the test): {old}"
+    for o, n in zip(*((old, new) if isinstance(old, list) else ([old], [new]))):
+        assert text.count(o) == 1, f"mutation target not (once) in {KERNEL} (update the test): {o}"
+        text = text.replace(o, n, 1)
     mutant = tmp_path / "mk-kernel-mutant.metal"
-    mutant.write_text(text.replace(old, new, 1))
+    mutant.write_text(text)
     exe = _build(tmp_path / "build", cpu_build, kernel=mutant)
     r = _run(exe, *args, "--tg", "3", "--verify", "4,8")
     assert r.returncode != 0 and re.search(expect, r.stdout, re.M), f"planted bug went unnoticed:\n{r.stdout[-3000:]}"

@@ -11,6 +11,8 @@
 //   --gemma3: the other shape of the plan (mk_ref.h): no per-layer inputs, Q scaled after rope, no V
 //     norm, V = K projection and a linear rope scale on the global layer, output scale after the FFN
 //   --planted: the grid barriers removed, or without their device-scope fences: must fail
+//   --full-kv: every step looks at all kv_size cells (default: n_kv grows with the sequence, padded to 8
+//     cells as in llama.cpp, so a verify step sees more cells than the one-token steps of its tokens did)
 //   --unsupported: a Q5_0 matrix: mk_mtl_plan_make must refuse it, naming the tensor (exit 0 if it does)
 #include <ggml.h>
 
@@ -79,6 +81,7 @@ int main(int argc, char ** argv) {
     int n_tg = 3;
     bool unsupported = false;
     bool gemma3 = false;
+    bool full_kv = false;
     std::vector<int> verify_m = { 2, 4, 8 };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -93,6 +96,8 @@ int main(int argc, char ** argv) {
                 verify_m.push_back((int) strtol(p, (char **) &p, 10));
                 if (*p == ',') ++p;
             }
+        } else if (a == "--full-kv") {
+            full_kv = true;
         } else if (a == "--gemma3") {
             gemma3 = true;
         } else if (a == "--unsupported") {
@@ -101,7 +106,7 @@ int main(int argc, char ** argv) {
             planted = -1;
         }
         if (planted < 0) {
-            fprintf(stderr, "usage: %s [--gemma3] [--planted nobarrier|nofence] [--tg N] [--verify 2,4,8] [--unsupported]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--gemma3] [--full-kv] [--planted nobarrier|nofence] [--tg N] [--verify 2,4,8] [--unsupported]\n", argv[0]);
             return 2;
         }
     }
@@ -177,7 +182,7 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
-    std::vector<float> mask0, mask1;
+    std::vector<float> mask0, mask1, mask_kv[2];
     auto run = [&](int p0, int M) {   // tokens p0..p0+M-1 (token i has embedding row i, position i)
         ggml_mk_step st = {};
         st.n_tokens = M;
@@ -187,8 +192,14 @@ int main(int argc, char ** argv) {
             const int pos = p0 + m;
             st.pos[m] = pos; st.kv_idx[0][m] = pos; st.kv_idx[1][m] = pos; st.out_rows[m] = m;
         }
-        st.n_kv[0] = st.n_kv[1] = kv_size;
-        st.mask[0] = mask0.data(); st.mask[1] = mask1.data();
+        const int n_kv = full_kv ? kv_size : std::min(kv_size, (p0 + M + 7)/8*8);
+        for (int c = 0; c < 2; ++c) {   // the first n_kv columns of each mask row
+            const std::vector<float> & src = c == 0 ? mask0 : mask1;
+            mask_kv[c].resize((size_t) M*n_kv);
+            for (int m = 0; m < M; ++m) memcpy(&mask_kv[c][(size_t) m*n_kv], &src[(size_t) m*kv_size], n_kv*sizeof(float));
+            st.n_kv[c] = n_kv;
+            st.mask[c] = mask_kv[c].data();
+        }
         st.embd = &mm.E[(size_t) p0*n_embd]; st.pl_embd = &mm.PE[(size_t) p0*n_pl*n_layer];
         for (int il = 0; il < n_layer; ++il) st.kv[il] = mm.view(il, K0, V0, K1, V1);
         if (mk_mtl_step_fill(P, &st, kvbufs, 2, stp, err, sizeof(err)) != 0) {
