@@ -138,6 +138,7 @@ def test_metal_megakernel_planted_kernel_bugs_fail(tmp_path, cpu_build, old, new
 def test_metal_megakernel_asan_ubsan(tmp_path, cpu_build):
     # the emulated persistent dispatch with the kernel's offsets into bound buffers under ASan+UBSan
     exe = _build(tmp_path, cpu_build, sanitize=True)
-    r = _run(exe, "--tg", "3", "--verify", "4")
-    _assert_ok(r, [4])
-    assert "runtime error" not in r.stderr, r.stderr[-3000:]
+    for plan in ([], ["--gemma3"]):
+        r = _run(exe, *plan, "--tg", "3", "--verify", "4")
+        _assert_ok(r, [4])
+        assert "runtime error" not in r.stderr, r.stderr[-3000:]
