@@ -91,6 +91,14 @@ def test_metal_megakernel_schedules_and_grid_sizes(driver, sched, order, tg):
     _assert_ok(r, [3, 8])
 
 
+def test_metal_megakernel_grid_from_device_limits(driver):
+    # the launch never exceeds what the device keeps co-resident (an oversubscribed persistent launch hangs
+    # on a GPU): on a device with room for 2, a request for 8 runs 2 and stays exact
+    r = _run(driver, "--tg", "8", "--verify", "4", RESIDENCY=2)
+    assert "kernel_mk_decode (gemma4 plan): 2 threadgroups" in r.stdout, r.stdout
+    _assert_ok(r, [4])
+
+
 @pytest.mark.parametrize("bug", ["nobarrier", "nofence"])
 def test_metal_megakernel_planted_barrier_bugs_fail(driver, bug):
     # the grid barrier removed, or its arrive/spin without the device-scope fences (the naive barrier
