@@ -111,9 +111,10 @@ struct ggml_mk_model {
 
 #define GGML_MK_DEBUG_NO_GRID_BARRIER 1   // planted bug: grid barriers become block barriers
 // kernel variants for A/B runs in one process (LLAMA_MEGAKERNEL_VARIANT=bits, test-mk --variant): off by default,
-// each one a candidate that has not been measured yet; results bitwise equal to the default kernel
-#define GGML_MK_VAR_ATT_SPREAD        0x100   // attention: (token, head, chunk) units to warps SM-first
-#define GGML_MK_VAR_VT16              0x200   // attention: transposed V read 8 cells (16 bytes) per load
+// each one a candidate not measured yet, or the behaviour a recent change replaced (to measure that change);
+// results bitwise equal to the default kernel
+#define GGML_MK_VAR_GENERIC_M1        0x400   // (before) one-token steps through the any-batch mat-vec code
+#define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

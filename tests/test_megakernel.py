@@ -94,7 +94,7 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
     return exe
 
 
-@pytest.mark.parametrize("variant", ["default", "0x300"])  # GGML_MK_VAR_ATT_SPREAD | GGML_MK_VAR_VT16
+@pytest.mark.parametrize("variant", ["default", "0xc00"])  # GGML_MK_VAR_GENERIC_M1 | GGML_MK_VAR_ALL_CHUNKS
 def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     args = [] if variant == "default" else ["--variant", variant]
     r = subprocess.run([str(kernel_emu), *args], capture_output=True, text=True, timeout=900)

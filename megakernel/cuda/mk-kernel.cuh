@@ -42,14 +42,51 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 #define MK_XQ_BYTES    (MK_XS_CAP/32*MK_XQ_REC)
 #define MK_SMEM_BYTES  (MK_XS_BYTES + MK_XQ_BYTES + MK_WS_BYTES)
 
+// attention chunks per cache of a step at most (ggml_mk_att_chunk keeps a context within 1024 chunks)
+#define MK_CH_MAX 1024
+
 // the per-step data on the device (uploaded with the masks and embedding rows in one copy)
 struct mk_dstep {
     int32_t n_tokens;
     int32_t pos[MK_M];
     int32_t n_kv[GGML_MK_N_CACHES];
     int64_t kv_idx[GGML_MK_N_CACHES][MK_M];
+    // the attention chunks holding a cell that some token of the step sees, ascending (mk_step_chunks); the
+    // others hold nothing for any token, and skipping them changes no bit of the result
+    int32_t  n_ch[GGML_MK_N_CACHES];
+    uint16_t ch[GGML_MK_N_CACHES][MK_CH_MAX];
     ggml_mk_kv_view kv[GGML_MK_MAX_LAYERS];
 };
+
+// host: fill ds.n_ch/ds.ch from the step's masks ([M][n_kv] additive, -INFINITY = not seen; NULL = cache not
+// used); at least one chunk per cache (a cache nobody sees gives chunk 0, all masked: zeros, as before).
+// all: every chunk below n_kv (the behaviour before the lists, variant GGML_MK_VAR_ALL_CHUNKS)
+static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int M, int CH, bool all = false) {
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        const int n_kv = ds.n_kv[c];
+        int n = 0;
+        for (int k = 0; k*CH < n_kv && n < MK_CH_MAX; ++k) {
+            const int i1 = (k + 1)*CH < n_kv ? (k + 1)*CH : n_kv;
+            bool seen = all;
+            for (int m = 0; m < M && mask[c] && !seen; ++m) {
+                const float * row = mask[c] + (size_t) m*n_kv;
+                for (int i = k*CH; i < i1; ++i) {
+                    if (row[i] != -INFINITY) {
+                        seen = true;
+                        break;
+                    }
+                }
+            }
+            if (seen) {
+                ds.ch[c][n++] = (uint16_t) k;
+            }
+        }
+        if (n == 0) {
+            ds.ch[c][n++] = 0;
+        }
+        ds.n_ch[c] = n;
+    }
+}
 
 struct mk_args {
     const ggml_mk_model * m;     // device copy of the plan
@@ -317,8 +354,8 @@ MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws) {
 
 // issue this warp's first MK_NS - 1 tiles of a mat-vec: may run before the grid barrier that
 // precedes it (the weights do not depend on the barrier), so the loads overlap the wait
-MK_DEVICE_FN void mk_mv_begin(const mk_mv & mv, uint8_t * ws) {
-    const mk_mvr R = mk_mvr_of(mv);
+MK_DEVICE_FN void mk_mv_begin(const mk_mvr & Rs, uint8_t * ws) {
+    const mk_mvr R = Rs;
     mk_it it = mk_it_first(R);
     for (int i = 0; i < MK_NS - 1; ++i) {
         mk_fetch(R, it, ws);
@@ -363,13 +400,14 @@ MK_DEVICE float4 mk_scale4(const float4 & a, float s) {
     return mk_f4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
 }
 
-// ss[m] (m < Mc) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
+// ss[m] (m < Mc <= MC) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
 // warps in order), returned to every thread; red: MK_WARPS*MK_M floats not in use by another sum
+template <int MC>
 MK_DEVICE void mk_block_sums(float * ss, int Mc, float * red) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
 #pragma unroll 1
-    for (int m = 0; m < Mc; ++m) {
+    for (int m = 0; m < (MC == 1 ? 1 : Mc); ++m) {
         const float s = mk_warp_sum(ss[m]);
         if (lane == 0) {
             red[warp*MK_M + m] = s;
@@ -377,7 +415,7 @@ MK_DEVICE void mk_block_sums(float * ss, int Mc, float * red) {
     }
     __syncthreads();
 #pragma unroll 1
-    for (int m = 0; m < Mc; ++m) {
+    for (int m = 0; m < (MC == 1 ? 1 : Mc); ++m) {
         float t = 0.0f;
         for (int w = 0; w < MK_WARPS; ++w) {
             t += red[w*MK_M + m];
@@ -424,7 +462,9 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
 // is rmsnorm(a')*nw. Global round trips: one for rms(h) (if any), one for the values (MK_SB slots per thread
 // in flight); the norm scale and the 8-bit rounding then work on shared memory and registers only. Small
 // code on purpose (the columns are a run-time loop): every phase runs it once per block, from a cold
-// instruction cache.
+// instruction cache. MC: the bound of Mc the code is made for (1: one-token steps, the per-column values in
+// registers; MK_M: any batch); a column's arithmetic is the same in both.
+template <int MC>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
     MK_SHARED(float, red, 2*MK_WARPS*MK_M);
@@ -437,12 +477,14 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const bool res = x.res_h != nullptr;
     const bool gl  = x.mode == MK_X_GEGLU;
     const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
-    float ss[MK_M];   // per column: sums of squares, then 1/rms (run-time indexed)
-    float rh[MK_M];
+    float ss[MC];   // per column: sums of squares, then 1/rms (run-time indexed unless MC = 1)
+    float rh[MC];
+#define MK_COL(i) (MC == 1 ? 0 : (i) / NJ)   // the column of item i
+#define MK_NC     (MC == 1 ? 1 : Mc)
 
     if (res) {
 #pragma unroll 1
-        for (int m = 0; m < Mc; ++m) {
+        for (int m = 0; m < MK_NC; ++m) {
             ss[m] = 0.0f;
         }
 #pragma unroll 1
@@ -452,25 +494,25 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             for (int b = 0; b < MK_SB; ++b) {
                 const int i = i0 + b;
                 const int f = t + (i % NJ)*MK_THREADS;
-                v[b] = i < NI && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + i / NJ)*x.lda) + f) : z4;
+                v[b] = i < NI && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + MK_COL(i))*x.lda) + f) : z4;
             }
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
                 if (i0 + b < NI) {
-                    ss[(i0 + b) / NJ] = mk_sq4(v[b], ss[(i0 + b) / NJ]);
+                    ss[MK_COL(i0 + b)] = mk_sq4(v[b], ss[MK_COL(i0 + b)]);
                 }
             }
         }
-        mk_block_sums(ss, Mc, red);
+        mk_block_sums<MC>(ss, Mc, red);
 #pragma unroll 1
-        for (int m = 0; m < Mc; ++m) {
+        for (int m = 0; m < MK_NC; ++m) {
             rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
 
 #pragma unroll 1
-    for (int m = 0; m < Mc; ++m) {
+    for (int m = 0; m < MK_NC; ++m) {
         ss[m] = 0.0f;
     }
 #pragma unroll 1
@@ -481,7 +523,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int i = i0 + b;
             const int f = t + (i % NJ)*MK_THREADS;
             const bool ok = i < NI && f < F4;
-            const size_t mm = (size_t) (m0 + i / NJ);
+            const size_t mm = (size_t) (m0 + MK_COL(i));
             va[b] = ok ? mk_ldcg4((const float4 *) (x.a + mm*x.lda) + f) : z4;
             vb[b] = ok && gl  ? mk_ldcg4((const float4 *) (x.b + mm*x.ldb) + f)
                   : ok && res ? mk_ldcg4((const float4 *) (x.res_h + mm*x.lda) + f) : z4;
@@ -494,7 +536,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             if (i >= NI) {
                 continue;
             }
-            const int m = i / NJ;
+            const int m = MK_COL(i);
             const int f = t + (i % NJ)*MK_THREADS;
             const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
             float4 v = va[b];
@@ -526,9 +568,9 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         return;
     }
     if (x.nw) {
-        mk_block_sums(ss, Mc, red + MK_WARPS*MK_M);
+        mk_block_sums<MC>(ss, Mc, red + MK_WARPS*MK_M);
 #pragma unroll 1
-        for (int m = 0; m < Mc; ++m) {
+        for (int m = 0; m < MK_NC; ++m) {
             ss[m] = 1.0f/sqrtf(ss[m]/K + eps);
         }
     } else {
@@ -541,7 +583,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     if (x.nw || q8) {
 #pragma unroll 1
         for (int i = 0; i < NI; ++i) {
-            const int m = i / NJ;
+            const int m = MK_COL(i);
             const int f = t + (i % NJ)*MK_THREADS;
             const bool ok = f < F;
             float4 * p = (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
@@ -559,6 +601,8 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         __syncthreads();
         mk_prof_at(prof, MK_PH_ST_Q8);
     }
+#undef MK_COL
+#undef MK_NC
 }
 
 // the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier)
@@ -628,9 +672,12 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
     return fmaf(__fmul_rn(dw, dq.x), sf, acc);
 }
 
-MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
+// MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_M: any batch); a column's
+// arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
+template <int MC>
+MK_DEVICE_FN void mk_mv_run(const mk_mvr & Rs, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
                             unsigned long long * prof) {
-    const mk_mvr R = mk_mvr_of(mv);
+    const mk_mvr R = Rs;
     const bool q8 = mk_is_q8dot(R.j0.type) || mk_is_q8dot(R.j1.type) || mk_is_q8dot(R.j2.type);
     // only 8-bit inputs are needed (every job Q4_0/Q8_0) and there is no norm: the records alone, made as the
     // values arrive, in the whole inputs region (room for 4x the columns: verify batches in one pass)
@@ -644,9 +691,9 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
         if (m0 > 0) {
-            mk_mv_begin(mv, ws);  // another pass over the weights for the next columns
+            mk_mv_begin(Rs, ws);  // another pass over the weights for the next columns
         }
-        mk_stage(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+        mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
         }
@@ -655,10 +702,10 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
         for (int i = 0; i < MK_NS - 1 && fe.u < R.units; ++i) {
             mk_it_next(R, fe);
         }
-        float acc[MK_M];
-        float gs[MK_M];
+        float acc[MC];
+        float gs[MC];
 #pragma unroll
-        for (int m = 0; m < MK_M; ++m) {
+        for (int m = 0; m < MC; ++m) {
             acc[m] = 0.0f;
             gs[m]  = 0.0f;
         }
@@ -685,8 +732,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
                         unsigned wq[8];
                         const float dw = mk_pair_block(base, p, h, is_q4, wq);
 #pragma unroll
-                        for (int m = 0; m < MK_M; ++m) {
-                            if (m < Mc) {
+                        for (int m = 0; m < MC; ++m) {
+                            if (MC == 1 || m < Mc) {
                                 acc[m] = mk_dot_q8(wq, dw, xq + (size_t) (m*KG + g0 + 2*p + h)*MK_XQ_REC, is_q4, acc[m]);
                             }
                         }
@@ -724,8 +771,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
                         }
                     }
 #pragma unroll
-                    for (int m = 0; m < MK_M; ++m) {
-                        if (m < Mc) {
+                    for (int m = 0; m < MC; ++m) {
+                        if (MC == 1 || m < Mc) {
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
                                 if (h == 1 && !two) {
@@ -742,8 +789,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
                     float w[32];
                     mk_deq32(base, type, i, min(32, K - 32*g), w);
 #pragma unroll
-                    for (int m = 0; m < MK_M; ++m) {
-                        if (m < Mc) {
+                    for (int m = 0; m < MC; ++m) {
+                        if (MC == 1 || m < Mc) {
                             const float4 * xp = (const float4 *) (xs + m*KG*36 + g*36);
 #pragma unroll
                             for (int q = 0; q < 8; ++q) {
@@ -771,8 +818,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mv & mv, const mk_xin & x, int M, float eps
             const int   ldy = MK_J(R, oj, ldy);
             const float cap = MK_J(R, oj, softcap);
 #pragma unroll
-            for (int m = 0; m < MK_M; ++m) {
-                if (m < Mc) {
+            for (int m = 0; m < MC; ++m) {
+                if (MC == 1 || m < Mc) {
                     float s = mk_warp_sum(acc[m]);
                     acc[m] = 0.0f;
                     if (R.pair && sub == 0) {
@@ -894,9 +941,10 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
 
 // ---------------------------------------------------------------------------------------------
 // attention, split over the cells: one warp per (token, head, chunk of att_chunk cells counted from
-// cell 0), online softmax over the chunk's visible cells 4 at a time; the warp that finishes a
+// cell 0), online softmax over the chunk's visible cells CPI at a time; the warp that finishes a
 // (token, head) last combines its chunks in chunk order. Chunk bounds and order are fixed by the
-// cell numbers alone, so a token's result does not depend on the step's n_kv or M.
+// cell numbers alone, so a token's result does not depend on the step's n_kv or M; only the chunks
+// with a cell some token of the step sees run (the step's list), the rest would add nothing.
 // Lanes own dimension pairs d = 2*lane + 64*i (+1), i < NP.
 
 MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u & 0xffff))); }
@@ -909,28 +957,28 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane   = threadIdx.x % WARP_SIZE;
-    // units to warps block by block (default), or SM-first (variant): a head's chunks then load through the
-    // load/store units of many SMs instead of a few (transposed V: 32 lines per warp load)
-    const int warp   = (a.m->debug_flags & GGML_MK_VAR_ATT_SPREAD) ? (int) ((threadIdx.x / WARP_SIZE)*gridDim.x + blockIdx.x)
-                                                                   : (int) (blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE);
+    // units to warps SM-first: a head's chunks load through the load/store units of many SMs instead of a few
+    // (transposed V: 32 lines per warp load; measured 1.07x the whole step against block-by-block units)
+    const int warp   = (int) ((threadIdx.x / WARP_SIZE)*gridDim.x + blockIdx.x);
     const int nwarps = gridDim.x*MK_WARPS;
     const int hd     = L.head_dim;
     const int np     = hd/64;
     const int cache  = L.is_swa ? 1 : 0;
     const int n_kv   = st.n_kv[cache];
     const int CH     = a.m->att_chunk;
-    const int nch    = (n_kv + CH - 1)/CH;
+    const int nch    = st.n_ch[cache];   // the chunks someone sees (the others would add nothing)
     const ggml_mk_kv_view & kv = st.kv[il];
     const int gqa    = L.n_head / L.n_head_kv;
     const bool vt    = kv.v_sd != 2;   // transposed V: the CPI cells of one dimension are contiguous
-    // (variant GGML_MK_VAR_VT16) transposed V rows 16-byte aligned at multiples of 8 cells: 16-byte loads
-    const bool vt16  = vt && (a.m->debug_flags & GGML_MK_VAR_VT16) && kv.v_sd % 16 == 0 && kv.v_sc == 2 &&
+    // transposed V rows 16-byte aligned at multiples of 8 cells: 16-byte loads of 8 cells
+    const bool vt16  = vt && kv.v_sd % 16 == 0 && kv.v_sc == 2 &&
                        ((uintptr_t) kv.v % 16) == 0 && (kv.v_sh % 16) == 0 &&
                        (n_kv + 7)/8*8 <= (int) (kv.v_sd/2);   // (a load may pass n_kv, never the row)
     const int PS     = 4 + a.m->max_head_dim;
 
     for (int u = warp; u < M*L.n_head*nch; u += nwarps) {
-        const int ch  = u % nch;
+        const int ck  = u % nch;               // the ck-th chunk of the list: its partial result's slot
+        const int ch  = st.ch[cache][ck];
         const int mh  = u / nch;
         const int m   = mh / L.n_head;
         const int h   = mh % L.n_head;
@@ -980,7 +1028,7 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                         const unsigned * p0 = (const unsigned *) (vb + (size_t) d*kv.v_sd + (size_t) c*kv.v_sc);
                         const unsigned * p1 = (const unsigned *) (vb + (size_t) (d + 1)*kv.v_sd + (size_t) c*kv.v_sc);
                         if (CPI == 8 && vt16 && c % 8 == 0) {
-                            // (variant) the 8 cells of a dimension in one 16-byte load (the cells past c1 are
+                            // the 8 cells of a dimension in one 16-byte load (the cells past c1 are
                             // inside the cache row and never used)
                             const uint4 x0 = mk_ldcg_u32x4((const uint4 *) p0);
                             const uint4 x1 = mk_ldcg_u32x4((const uint4 *) p1);
@@ -1066,7 +1114,7 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
 
         // this chunk's partial result, then the (token, head)'s chunk count
         float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
-        float * P = part + (size_t) ch*PS;
+        float * P = part + (size_t) ck*PS;
         if (lane == 0) {
             P[0] = mx;
             P[1] = l;
@@ -1189,7 +1237,8 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // (Passed by reference to the phases, a per-thread copy would be local memory: a few hundred bytes x 512
     // threads per call, far more than the L1 left beside the shared memory, so every phase paid L2 round trips.)
     MK_SHARED(mk_args, s_a, 1);
-    MK_SHARED(mk_mv,   s_mv, 2);   // the mat-vec begun last, and the one before
+    MK_SHARED(mk_mvr,  s_mv, 2);   // the mat-vec begun last, and the one before (its jobs' decoded parameters:
+                                   // worked out once per block by thread 0, not by every warp)
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
     if (threadIdx.x == 0) {
         s_a[0] = ka;
@@ -1242,7 +1291,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     auto begin = [&](auto f) {
         cur ^= 1;
         if (threadIdx.x == 0) {
-            s_mv[cur] = f();
+            s_mv[cur] = mk_mvr_of(f());
         }
         __syncthreads();
         mk_mv_begin(s_mv[cur], ws);
@@ -1252,7 +1301,11 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             s_xin[0] = fx();
         }
         __syncthreads();
-        mk_mv_run(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+        if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M1)) {
+            mk_mv_run<1>(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+        } else {
+            mk_mv_run<MK_M>(s_mv[cur], s_xin[0], M, eps, xs, ws, a.prof);
+        }
     };
     auto plain = [&](const float * in, int ld) {
         return [=]() {

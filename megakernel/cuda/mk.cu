@@ -90,6 +90,8 @@ struct mk_cuda {
     int n_pl_all = 0;
     int grid = 0;
     int n_ctx = 0;
+    int att_chunk = 8;
+    bool all_chunks = false;   // GGML_MK_VAR_ALL_CHUNKS
 
     // LLAMA_MEGAKERNEL_PROFILE=1: per-phase times of one-token steps (block 0's view), printed at the end
     unsigned long long * d_prof = nullptr;
@@ -195,8 +197,10 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
             }
         }
     }
-    if (model->att_chunk < 4 || model->att_chunk % 4 != 0) {
-        snprintf(err, err_size, "attention chunk %d (a multiple of 4 needed)", model->att_chunk);
+    if (model->att_chunk < 4 || model->att_chunk % 4 != 0 ||
+        (int64_t) model->att_chunk*MK_CH_MAX < model->n_ctx) {
+        snprintf(err, err_size, "attention chunk %d for %d cells (a multiple of 4 and at most %d chunks needed)",
+                 model->att_chunk, model->n_ctx, MK_CH_MAX);
         delete mk;
         return nullptr;
     }
@@ -269,6 +273,8 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     mk->args.max_head = max_head;
     mk->args.n_chunk  = n_chunk;
     mk->n_ctx = model->n_ctx;
+    mk->att_chunk = model->att_chunk;
+    mk->all_chunks = (model->debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0;
     mk->args.bar = (unsigned *) p;
     mk->args.m = mk->d_model;
     mk->args.n_pl_all = mk->n_pl_all;
@@ -367,6 +373,7 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         }
     }
     memcpy(ds->kv, step->kv, sizeof(ds->kv));
+    mk_step_chunks(*ds, step->mask, M, mk->att_chunk, mk->all_chunks);
     size_t off = sz_step;
     mk_args a = mk->args;
     a.st = (const mk_dstep *) mk->d_up;
