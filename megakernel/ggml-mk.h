@@ -9,15 +9,18 @@
 // get_proc_address ("ggml_backend_mk_create", "ggml_backend_mk_eval", "ggml_backend_mk_free"),
 // so llama.cpp links no backend symbol and CUDA and Metal plug into the same place.
 //
-// Plain C, no ggml types beyond the ggml_type numbers, so that kernels can include it.
+// Plain C, no ggml types beyond the ggml_type numbers, so that kernels can include it. Metal
+// Shading Language (ggml-metal/mk/) sees only the constants: the host structs hold pointers.
 #pragma once
 
+#ifndef __METAL_VERSION__
 #include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+#endif // __METAL_VERSION__
 
 #define GGML_MK_VERSION      2
 #define GGML_MK_MAX_TOKENS   8     // decode (1) and verify (k+1 <= 8) batches
@@ -30,6 +33,7 @@ enum ggml_mk_arch {
     GGML_MK_ARCH_GEMMA4 = 1,
 };
 
+#ifndef __METAL_VERSION__
 // a 2-D weight, read in place: row r (of ne1) starts at data + r*nb1 and holds ne0 values of type
 struct ggml_mk_weight {
     const void * data;   // backend address; NULL = absent
@@ -103,6 +107,7 @@ struct ggml_mk_model {
 
     struct ggml_mk_layer layers[GGML_MK_MAX_LAYERS];
 };
+#endif // __METAL_VERSION__
 
 #define GGML_MK_DEBUG_NO_GRID_BARRIER 1   // planted bug: grid barriers become block barriers
 // kernel variants for A/B runs in one process (LLAMA_MEGAKERNEL_VARIANT=bits, test-mk --variant): off by default,
@@ -111,6 +116,7 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_GENERIC_M         0x400   // (before) every step through the mat-vec code made for any batch
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 
+#ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))
 struct ggml_mk_kv_view {
     void *  k;            // F16: k + c*k_sc + h*k_sh + 2*d
@@ -150,3 +156,4 @@ typedef void   (*ggml_backend_mk_free_t)(void * mk);
 #ifdef __cplusplus
 }
 #endif
+#endif // __METAL_VERSION__

@@ -1,0 +1,152 @@
+"""The Metal Gemma decode megakernel on metal-emu (issue 13, helper metal-mk).
+
+ggml-metal/mk/mk-kernel.metal is translated by metal-emu's msl2cpp.py and run by emu-runtime.cpp as a
+persistent dispatch (all threadgroups co-resident, per-threadgroup store buffers published only by
+device-scope fences: ggml-metal/emu/PERSISTENT.md), driven by tests/mk_hostemu/mk_metal_emu.cpp on the
+tiny random Gemma-4-shaped model of tests/mk_hostemu/mk_ref.h (the same model builder and float64
+reference as the CUDA kernel's host emulation), with the weight types the Metal kernel decodes (F32,
+F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K), both KV layouts, a shared-KV layer, proportional rope, per-layer
+inputs. Checks: one-token steps vs the reference (NMSE), verify steps of M = 2..8 tokens bitwise equal
+to the one-token steps, under several schedules and grid sizes; planted bugs must fail (grid barrier
+removed, barrier without its fences, column arithmetic that depends on M, a decoding bug); an
+unsupported weight type is refused naming the tensor; an ASan+UBSan build runs clean.
+Subprocess timeouts only turn a hang into a failure; no test measures time.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stq_helpers import source_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+EMU = ROOT / "ggml-metal" / "emu"
+MKM = ROOT / "ggml-metal" / "mk"
+KERNEL = MKM / "mk-kernel.metal"
+DRIVER = ROOT / "tests" / "mk_hostemu" / "mk_metal_emu.cpp"
+CXX = os.environ.get("STQ_CLANGXX", "clang++-19")
+HANG = 600
+
+
+def _build(tmp: Path, cpu_build: Path, kernel: Path = KERNEL, sanitize: bool = False) -> Path:
+    if shutil.which(CXX) is None:
+        pytest.skip(f"{CXX} not found (metal-emu needs clang >= 19)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    gen = tmp / "mk_kernel.cpp"
+    subprocess.run(["python3", str(EMU / "msl2cpp.py"), "--source", str(kernel), "--kernel", "mk_kernel",
+                    "-I", str(MKM), "-I", str(ROOT / "megakernel"), "--out", str(gen)], check=True)
+    src = source_tree(cpu_build)
+    lib = cpu_build / "bin"
+    exe = tmp / ("mk_metal_emu_asan" if sanitize else "mk_metal_emu")
+    cmd = [CXX, "-std=c++20", "-O1", "-g", "-march=native", "-fmax-type-align=8", f"-I{EMU}", f"-I{MKM}",
+           f"-I{ROOT / 'megakernel'}", f"-I{DRIVER.parent}", f"-I{src}/ggml/include", str(gen), str(EMU / "emu-runtime.cpp"),
+           str(DRIVER), "-o", str(exe), f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}", "-lpthread"]
+    if sanitize:
+        cmd[1:1] = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"building the Metal megakernel emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    return exe
+
+
+def _run(exe: Path, *args: str, **env) -> subprocess.CompletedProcess:
+    e = dict(os.environ, ASAN_OPTIONS="detect_leaks=0", GGML_METAL_EMU_GPU_CORES="2")
+    for k in ("GGML_METAL_EMU_RESIDENCY", "GGML_METAL_EMU_ORDER", "GGML_METAL_EMU_TG_SCHED", "GGML_METAL_EMU_WATCHDOG_S"):
+        e.pop(k, None)
+    e.update({f"GGML_METAL_EMU_{k}": str(v) for k, v in env.items()})
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=e, timeout=HANG)
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory, cpu_build) -> Path:
+    return _build(tmp_path_factory.mktemp("mk_metal_emu"), cpu_build)
+
+
+def _assert_ok(r: subprocess.CompletedProcess, verify: list[int]):
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = re.search(r"^OK one-token steps 0\.\.17 .*worst NMSE vs float64 reference (\S+)", r.stdout, re.M)
+    assert m and float(m.group(1)) < 1e-8, r.stdout
+    for M in verify:
+        assert f"OK verify M={M}: 0 of {M} rows differ" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("plan", ["gemma4", "gemma3"])
+def test_metal_megakernel_matches_reference_and_verify_equals_decode(driver, plan):
+    # gemma3: no per-layer inputs, Q scaled after rope, no V norm, V = K and a linear rope scale on the
+    # global layer, output scale after the FFN (mk_ref.h)
+    r = _run(driver, *(["--gemma3"] if plan == "gemma3" else []), "--tg", "3", "--verify", "2,4,8")
+    _assert_ok(r, [2, 4, 8])
+
+
+@pytest.mark.parametrize("sched,order,tg", [("greedy", "rev", 2), ("rr", "fwd", 5), ("random", "shuffle", 8)])
+def test_metal_megakernel_schedules_and_grid_sizes(driver, sched, order, tg):
+    # the grid comes from the device (8 co-resident on the 2-core emulated GPU); results may not depend on it.
+    # (one case with every step over all cells; by default n_kv grows with the sequence as in llama.cpp)
+    r = _run(driver, "--tg", str(tg), "--verify", "3,8", *(["--full-kv"] if tg == 5 else []), TG_SCHED=sched, ORDER=order)
+    _assert_ok(r, [3, 8])
+
+
+def test_metal_megakernel_grid_from_device_limits(driver):
+    # the launch never exceeds what the device keeps co-resident (an oversubscribed persistent launch hangs
+    # on a GPU): on a device with room for 2, a request for 8 runs 2 and stays exact
+    r = _run(driver, "--tg", "8", "--verify", "4", RESIDENCY=2)
+    assert "kernel_mk_decode (gemma4 plan): 2 threadgroups" in r.stdout, r.stdout
+    _assert_ok(r, [4])
+
+
+@pytest.mark.parametrize("bug", ["nobarrier", "nofence"])
+def test_metal_megakernel_planted_barrier_bugs_fail(driver, bug):
+    # the grid barrier removed, or its arrive/spin without the device-scope fences (the naive barrier
+    # that fails on real Apple GPUs at 2 threadgroups): stale or unwritten scratch must show
+    for tg in ("2", "4"):
+        r = _run(driver, "--planted", bug, "--tg", tg, "--verify", "4")
+        assert r.returncode != 0 and re.search(r"^FAIL step \d+", r.stdout, re.M), \
+            f"planted {bug} with {tg} threadgroups went unnoticed:\n" + r.stdout[-3000:]
+
+
+def test_metal_megakernel_refuses_unsupported_types(driver):
+    r = _run(driver, "--unsupported")
+    assert r.returncode == 0 and "OK unsupported type refused: layer 1 ffn_down: weight type q5_0" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("old,new,expect,args", [
+    # column arithmetic that depends on M: the verify steps must no longer equal decode bit for bit
+    ("                x[i] = (x[i] + (h[i]*r)*w[i])*rs;", "                x[i] = (x[i] + (h[i]*r)*w[i])*rs*(1.0f + 1e-7f*(c.M - 1));",
+     r"^FAIL verify M=\d+: [1-9]", []),
+    # a decoding bug (Q6_K quarter -> nibble)
+    ("const int lsh = (qd >> 1)*4;", "const int lsh = (qd & 1)*4;", r"^FAIL step \d+", []),
+    # rope pairs one register apart instead of n_rot/2
+    ("const int tp   = half_rot/32;", "const int tp   = half_rot/32 > 1 ? half_rot/32 - 1 : 1;", r"^FAIL step \d+", []),
+    # Gemma 3's Q scale forgotten
+    ("src[c.lane + 32*t] = v[t]*L.q_scale;", "src[c.lane + 32*t] = v[t];", r"^FAIL step \d+", ["--gemma3"]),
+    # attention chunks sized from the step's n_kv instead of fixed for the context: a verify step sees more
+    # cells than the one-token steps of its tokens did, so its chunks (and bits) differ
+    (["    const int CH    = P.att_chunk;", "const int nch   = (S.n_kv[cache] + P.att_chunk - 1)/P.att_chunk;"],
+     ["    const int CH    = max(P.att_chunk, n_kv/4);",
+      "const int nch   = (S.n_kv[cache] + max(P.att_chunk, S.n_kv[cache]/4) - 1)/max(P.att_chunk, S.n_kv[cache]/4);"],
+     r"^FAIL verify M=\d+: [1-9]", []),
+], ids=["m-dependent", "q6_k", "rope", "q_scale", "n_kv-chunks"])
+def test_metal_megakernel_planted_kernel_bugs_fail(tmp_path, cpu_build, old, new, expect, args):
+    text = KERNEL.read_text()
+    for o, n in zip(*((old, new) if isinstance(old, list) else ([old], [new]))):
+        assert text.count(o) == 1, f"mutation target not (once) in {KERNEL} (update the test): {o}"
+        text = text.replace(o, n, 1)
+    mutant = tmp_path / "mk-kernel-mutant.metal"
+    mutant.write_text(text)
+    exe = _build(tmp_path / "build", cpu_build, kernel=mutant)
+    r = _run(exe, *args, "--tg", "3", "--verify", "4,8")
+    assert r.returncode != 0 and re.search(expect, r.stdout, re.M), f"planted bug went unnoticed:\n{r.stdout[-3000:]}"
+
+
+def test_metal_megakernel_asan_ubsan(tmp_path, cpu_build):
+    # the emulated persistent dispatch with the kernel's offsets into bound buffers under ASan+UBSan
+    exe = _build(tmp_path, cpu_build, sanitize=True)
+    for plan in ([], ["--gemma3"]):
+        r = _run(exe, *plan, "--tg", "3", "--verify", "4")
+        _assert_ok(r, [4])
+        assert "runtime error" not in r.stderr, r.stderr[-3000:]
