@@ -190,7 +190,10 @@ int main(int argc, char ** argv) {
                 num += (double) (la[i] - lb[i])*(la[i] - lb[i]);
                 den += (double) lb[i]*lb[i];
             }
-            const double nmse = num/std::max(den, 1e-30);
+            double nmse = num/std::max(den, 1e-30);
+            if (!std::isfinite(nmse)) {
+                nmse = INFINITY;   // NaN logits must fail the bound, not slip past std::max
+            }
             worst = std::max(worst, nmse);
             sum_nmse += nmse;
             const int ta = argmax(la, nv), tb = argmax(lb, nv);
