@@ -113,11 +113,8 @@ struct ggml_mk_model {
 // kernel variants for A/B runs in one process (LLAMA_MEGAKERNEL_VARIANT=bits, test-mk --variant): off by default,
 // each one a candidate not measured yet, or the behaviour a recent change replaced (to measure that change);
 // results bitwise equal to the default kernel
-#define GGML_MK_VAR_GENERIC_M         0x400   // (before) every step through the mat-vec code made for any batch
+#define GGML_MK_VAR_GENERIC_M         0x400   // (before) one-token steps through the mat-vec code made for any batch
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
-#define GGML_MK_VAR_DEVICE_DESC       0x1000  // (before) mat-vec descriptors worked out on the device (thread 0)
-#define GGML_MK_VAR_GEN_BARRIER       0x2000  // (before) grid barrier with a generation word and a reset
-#define GGML_MK_VAR_TILE_DIV          0x4000  // (before) tile bounds worked out per tile (divisions)
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

@@ -112,7 +112,6 @@ struct mk_args {
     unsigned * att_cnt;  // [MK_M][max_head] chunks done (the last one combines and resets it)
     unsigned * bar;       // grid barrier: arrivals in this launch (zero at the start: the launch before zeroed it)
     unsigned * bar_next;  // the next launch's count (the two alternate), zeroed by block 0 at the start
-    unsigned * bar_gen;   // (variant GGML_MK_VAR_GEN_BARRIER) [0] arrivals, [1] generation
     unsigned long long * prof;  // NULL, or phase timestamps: [0] count, then (tag, globaltimer ns) pairs
     const struct mk_mvr * mvt;  // the step's mat-vecs, decoded once by the host (mk_mv_table)
     int n_pl_all;
@@ -172,21 +171,7 @@ MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
     if (a.m->debug_flags & GGML_MK_DEBUG_NO_GRID_BARRIER) {
         return; // planted bug for the tests: phases race
     }
-    if (threadIdx.x == 0 && (a.m->debug_flags & GGML_MK_VAR_GEN_BARRIER)) {
-        volatile unsigned * gen = a.bar_gen + 1;
-        const unsigned g = *gen;
-        __threadfence();
-        if (atomicAdd(a.bar_gen, 1u) == gridDim.x - 1) {
-            atomicExch(a.bar_gen, 0u);
-            __threadfence();
-            atomicAdd(a.bar_gen + 1, 1u);
-        } else {
-            while (*gen == g) {
-                __nanosleep(20);
-            }
-        }
-        __threadfence();
-    } else if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {
         mk_grid_arrive_wait(a.bar);
     }
     mk_prof(a, MK_PH_WAIT);
@@ -259,7 +244,6 @@ struct mk_jr {
     uint64_t        nb1;
     int             ne0, ne1, type, ldy, nseg;
     int             tb, tg, lb, lg;
-    int             sgps, b256, old_tile;   // (variant GGML_MK_VAR_TILE_DIV)
     float           softcap;
 };
 
@@ -283,9 +267,6 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
     const int v0 = (r.nseg - 1)*sgps*256;   // the last tile's first value
     r.lg   = (r.ne0 - v0 + 31)/32;
     r.lb   = bytes - (r.nseg - 1)*r.tb;
-    r.sgps = sgps;
-    r.b256 = b256;
-    r.old_tile = 0;
     return r;
 }
 
@@ -318,8 +299,8 @@ enum { MK_MV_QKV, MK_MV_O, MK_MV_FFN, MK_MV_DOWN, MK_MV_PL_GATE, MK_MV_PL_PROJ, 
 MK_HOSTDEV int mk_mv_index(int il, int k) { return 1 + il*MK_MV_PER_LAYER + k; }
 MK_HOSTDEV int mk_mv_count(int n_layer)    { return 2 + n_layer*MK_MV_PER_LAYER; }
 
-// the descriptor of mat-vec idx; its outputs are the scratch buffers of a
-MK_HOSTDEV mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int idx) {
+// host: the descriptor of mat-vec idx; its outputs are the scratch buffers of a
+static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int idx) {
     mk_mv mv = {};
     auto one = [&](const ggml_mk_weight & w, float * y, int ldy, float softcap) {
         if (w.data) {
@@ -375,7 +356,6 @@ MK_HOSTDEV mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int idx
 static inline void mk_mv_table(const ggml_mk_model & md, const mk_args & a, mk_mvr * tab) {
     for (int i = 0; i < mk_mv_count(md.n_layer); ++i) {
         tab[i] = mk_mvr_of(mk_mv_desc(md, a, i));
-        tab[i].j0.old_tile = (md.debug_flags & GGML_MK_VAR_TILE_DIV) != 0;
     }
 }
 
@@ -428,17 +408,6 @@ MK_DEVICE void mk_it_next(const mk_mvr & R, mk_it & it) {
 
 // the tile's bytes and groups: groups g0 .. g0+ng-1 (32 values each) of the row
 MK_DEVICE const uint8_t * mk_tile(const mk_mvr & R, const mk_it & it, int & nbytes, int & g0, int & ng) {
-    if (R.j0.old_tile) {
-        const int sgps = MK_J(R, it.job, sgps);
-        const int b256 = MK_J(R, it.job, b256);
-        const int v0 = it.seg*sgps*256;
-        const int v1 = min(MK_J(R, it.job, ne0), v0 + sgps*256);
-        g0 = v0/32;
-        ng = (v1 - v0 + 31)/32;
-        const int b0 = (v0/256)*b256;
-        nbytes = (int) (((int64_t) v1*b256)/256) - b0;
-        return MK_J(R, it.job, data) + (size_t) it.row*MK_J(R, it.job, nb1) + b0;
-    }
     const int  tb   = MK_J(R, it.job, tb);
     const bool last = it.seg == MK_J(R, it.job, nseg) - 1;
     g0     = it.seg*MK_J(R, it.job, tg);
@@ -958,21 +927,6 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & Rs, const mk_xin & x, int M, float ep
     }
 }
 
-// the code made for the smallest column bound that holds M (the same arithmetic per column in all); generic: the
-// any-batch code for every M. (Out of line: one call site in the kernel body, whose registers then stay put.)
-MK_DEVICE_FN void mk_mv_run_m(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
-                              unsigned long long * prof, bool generic) {
-    if (generic || M > 4) {
-        mk_mv_run<MK_M>(R, x, M, eps, xs, ws, prof);
-    } else if (M == 1) {
-        mk_mv_run<1>(R, x, M, eps, xs, ws, prof);
-    } else if (M == 2) {
-        mk_mv_run<2>(R, x, M, eps, xs, ws, prof);
-    } else {
-        mk_mv_run<4>(R, x, M, eps, xs, ws, prof);
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // per-head work: Q/K/V norms, rope, KV cache writes (one block per head vector, sm: block scratch)
 
@@ -1369,7 +1323,6 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // threads per call, far more than the L1 left beside the shared memory, so every phase paid L2 round trips.)
     MK_SHARED(mk_args, s_a, 1);
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
-    MK_SHARED(mk_mvr,  s_mv, 2);   // (variant GGML_MK_VAR_DEVICE_DESC) descriptors worked out here
     if (threadIdx.x == 0) {
         s_a[0] = ka;
     }
@@ -1402,19 +1355,8 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // begin(idx): every warp issues its first weight tiles of mat-vec idx (mk_mv_index; typically before the
     // barrier that precedes it); run(fx): thread 0 writes the inputs fx() makes, then the mat-vec begun last
     const mk_mvr * cur = a.mvt;
-    const bool dev_desc = (a.m->debug_flags & GGML_MK_VAR_DEVICE_DESC) != 0;
-    int slot = 0;
     auto begin = [&](int idx) {
-        if (dev_desc) {
-            slot ^= 1;
-            if (threadIdx.x == 0) {
-                s_mv[slot] = mk_mvr_of(mk_mv_desc(md, a, idx));
-            }
-            __syncthreads();
-            cur = s_mv + slot;
-        } else {
-            cur = a.mvt + idx;
-        }
+        cur = a.mvt + idx;
         mk_mv_begin(*cur, ws);
     };
     auto run = [&](auto fx) {
@@ -1422,7 +1364,12 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             s_xin[0] = fx();
         }
         __syncthreads();
-        mk_mv_run_m(*cur, s_xin[0], M, eps, xs, ws, a.prof, (a.m->debug_flags & GGML_MK_VAR_GENERIC_M) != 0);
+        // one column: the code made for it (the same arithmetic per column as the any-batch code)
+        if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
+            mk_mv_run<1>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
+        } else {
+            mk_mv_run<MK_M>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
+        }
     };
     auto plain = [&](const float * in, int ld) {
         return [=]() {

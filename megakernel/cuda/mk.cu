@@ -281,7 +281,6 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     mk->all_chunks = (model->debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0;
     mk->args.bar      = (unsigned *) p;       // (alternate per launch, see ggml_cuda_mk_eval)
     mk->args.bar_next = (unsigned *) p + 1;
-    mk->args.bar_gen  = (unsigned *) p + 2;
     p += 256;
     mk->args.m = mk->d_model;
     mk->args.n_pl_all = mk->n_pl_all;
