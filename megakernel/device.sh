@@ -144,27 +144,26 @@ stage_sweep() {
     done
 }
 
-stage_ncu() {
+# ncu over one megakernel decode launch (the 21st) of test-mk on the last model of MK_MODELS; arguments: ncu's options
+ncu_launch() {
     local m
     m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
     log "ncu: one megakernel decode launch on $m"
-    LLAMA_MEGAKERNEL=1 ncu --clock-control none -k regex:mk_decode_kernel --launch-skip 20 --launch-count 1 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        --section LaunchStats --section SchedulerStats --section SourceCounters \
-        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 \
+    LLAMA_MEGAKERNEL=1 ncu --clock-control none -k regex:mk_decode_kernel --launch-skip 20 --launch-count 1 "$@" \
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100
+}
+
+stage_ncu() {
+    ncu_launch --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section SchedulerStats --section SourceCounters 2>&1 \
         | grep -v "^==PROF==" | tee "$OUT/ncu.log" | grep -E "Duration|Throughput|Stall|Warp Cycles|Registers|Achieved|Issued" | head -40
 }
 
 # the same launch, saved as a report: every raw metric (stall reasons of the whole kernel) and the per-instruction
 # (SASS) warp-state samples and executed-instruction counts, as CSV: which code the time goes to
 stage_ncusrc() {
-    local m
-    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
-    log "ncu report: one megakernel decode launch on $m, raw metrics + SASS source page"
-    LLAMA_MEGAKERNEL=1 ncu --clock-control none -k regex:mk_decode_kernel --launch-skip 20 --launch-count 1 \
-        --section WarpStateStats --section SourceCounters --section InstructionStats --section SpeedOfLight \
-        -f -o "$WORK/mk-src" \
-        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100 > "$OUT/ncusrc-run.log" 2>&1
+    ncu_launch --section WarpStateStats --section SourceCounters --section InstructionStats --section SpeedOfLight \
+        -f -o "$WORK/mk-src" > "$OUT/ncusrc-run.log" 2>&1
     ncu -i "$WORK/mk-src.ncu-rep" --page raw --csv > "$OUT/ncu-raw.csv" 2>&1
     grep -o 'smsp__average_warps_issue_stalled_[a-z_]*_per_issue_active.ratio' "$OUT/ncu-raw.csv" | head -3
     ncu -i "$WORK/mk-src.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-sass.csv" 2>&1 || \
