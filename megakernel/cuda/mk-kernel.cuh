@@ -19,28 +19,26 @@
 
 static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 
-// weights stream through shared memory: every warp keeps MK_NS stages of up to MK_TB bytes of one
-// row in flight (asynchronous 16-byte copies), decoding one stage while the next ones load
-#define MK_NS          3
+// The block's shared memory for a step (laid out by the host per step size, mk_smem_plan): the staged
+// inputs of a mat-vec (xs), their 8-bit records (xq), and the weight stages (the rest). Fewer columns
+// leave more room for weight stages, so one-token steps keep more of every warp's weights in flight.
+//
+// weights stream through shared memory: every warp keeps ns stages (MK_NS_MIN .. MK_NS_MAX, per step) of up
+// to MK_TB bytes of one row in flight (asynchronous 16-byte copies), decoding one stage while the next load
+#define MK_NS_MIN      3
+#define MK_NS_MAX      8
 #define MK_TB          2048
 #define MK_STAGE_BYTES (MK_TB + 32)                      // a tile is copied from its 16-byte aligned start
-#define MK_WS_BYTES    (MK_WARPS*MK_NS*MK_STAGE_BYTES)
 
-// the block's copy of a mat-vec's inputs: [m][K/32 groups of 36 floats] (32 values + 4 of padding:
-// 16-byte aligned groups, conflict-free float4 reads), at most MK_XS_CAP values
-#ifndef MK_XS_CAP
-#define MK_XS_CAP      20480   // (the host emulation test builds with a small cap: the multi-pass path)
-#endif
+// xs: the block's copy of a mat-vec's inputs: [m][K/32 groups of 36 floats] (32 values + 4 of padding:
+// 16-byte aligned groups, conflict-free float4 reads), MK_XS_GROUP bytes per group and column
+#define MK_XS_GROUP    (36*sizeof(float))
 // (the same memory is the heads phase's scratch: at least one head vector)
-#define MK_XS_BYTES_CAP (MK_XS_CAP/32*36*sizeof(float))
-#define MK_HEADS_BYTES  (GGML_MK_MAX_HEAD_DIM*sizeof(float))
-#define MK_XS_BYTES     (MK_XS_BYTES_CAP > MK_HEADS_BYTES ? MK_XS_BYTES_CAP : MK_HEADS_BYTES)
-// and the same inputs rounded to 8 bits per 32-value group for the integer dot products of Q4_0 and
+#define MK_HEADS_BYTES (GGML_MK_MAX_HEAD_DIM*sizeof(float))
+// xq: the same inputs rounded to 8 bits per 32-value group for the integer dot products of Q4_0 and
 // Q8_0 weights (llama.cpp's q8_1 rounding: d = max|x|/127, q = round(x/d)): 48-byte records, 32 int8
 // values, d, sum of q, padding (conflict-free 16-byte reads)
 #define MK_XQ_REC      48
-#define MK_XQ_BYTES    (MK_XS_CAP/32*MK_XQ_REC)
-#define MK_SMEM_BYTES  (MK_XS_BYTES + MK_XQ_BYTES + MK_WS_BYTES)
 
 // attention chunks per cache of a step at most (ggml_mk_att_chunk keeps a context within 1024 chunks)
 #define MK_CH_MAX 1024
@@ -117,6 +115,9 @@ struct mk_args {
     int n_pl_all;
     int max_head;
     int n_chunk;
+    int xs_bytes;   // the step's shared memory (mk_smem_plan): staged inputs, their 8-bit records, then
+    int xq_bytes;   //   ns weight stages per warp
+    int ns;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -217,6 +218,7 @@ struct mk_mv {
     mk_job jobs[3];
     int    n_jobs;
     int    pair;
+    int    norm;   // its inputs are rmsnorm'ed (mk_xin.nw): staged as floats first, never the direct records
 };
 
 // explicit rounding intrinsics: never contracted into FMAs differently at different call sites
@@ -270,24 +272,27 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
     return r;
 }
 
+// (the kernel reads it in place, from the block's copy in shared memory: no per-thread copy in registers or local
+// memory, and fields of job j indexed directly)
 struct mk_mvr {
-    mk_jr j0, j1, j2;
-    int   pair, units;
+    mk_jr j[3];
+    int   pair, units, norm;
 };
 
-// field f of job j (0..2) of R, selected without indexing
-#define MK_J(R, j, f) ((j) == 0 ? (R).j0.f : (j) == 1 ? (R).j1.f : (R).j2.f)
+// field f of job j (0..2) of R
+#define MK_J(R, jb, f) ((R).j[jb].f)
 
 MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv) {
     mk_mvr R = {};
     if (mv.n_jobs == 0) {
         return R;   // (a weight the model does not have: never run)
     }
-    R.j0    = mk_jr_of(mv.jobs[0]);
-    R.j1    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1]) : R.j0;
-    R.j2    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2]) : R.j0;
+    R.j[0]    = mk_jr_of(mv.jobs[0]);
+    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1]) : R.j[0];
+    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2]) : R.j[0];
     R.pair  = mv.pair;
-    R.units = mv.pair ? R.j0.ne1 : R.j0.ne1 + (mv.n_jobs > 1 ? R.j1.ne1 : 0) + (mv.n_jobs > 2 ? R.j2.ne1 : 0);
+    R.norm  = mv.norm;
+    R.units = mv.pair ? R.j[0].ne1 : R.j[0].ne1 + (mv.n_jobs > 1 ? R.j[1].ne1 : 0) + (mv.n_jobs > 2 ? R.j[2].ne1 : 0);
     return R;
 }
 
@@ -316,11 +321,13 @@ static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int 
     }
     if (idx == mk_mv_count(md.n_layer) - 1) {
         one(md.output, a.logits, md.n_vocab, md.softcap);
+        mv.norm = 1;   // output_norm
         return mv;
     }
     const ggml_mk_layer & L = md.layers[(idx - 1)/MK_MV_PER_LAYER];
     switch ((idx - 1) % MK_MV_PER_LAYER) {
         case MK_MV_QKV:
+            mv.norm = 1;   // attn_norm
             mv.jobs[mv.n_jobs++] = { L.wq, a.q, md.max_q, 0.0f };
             if (L.has_kv) {
                 mv.jobs[mv.n_jobs++] = { L.wk, a.k, md.max_kv, 0.0f };
@@ -336,6 +343,7 @@ static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int 
             mv.jobs[1] = { L.ffn_up,   a.g, md.max_ff, 0.0f };
             mv.n_jobs  = 2;
             mv.pair    = 1;
+            mv.norm    = 1;   // ffn_norm
             break;
         case MK_MV_DOWN: one(L.ffn_down, a.h, md.n_embd, 0.0f); break;
         case MK_MV_PL_GATE:
@@ -359,6 +367,72 @@ static inline void mk_mv_table(const ggml_mk_model & md, const mk_args & a, mk_m
     }
 }
 
+MK_HOSTDEV bool mk_is_q8dot(int type) {
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0;
+}
+
+// a mat-vec's inputs as the kernel stages them: the 8-bit records alone (direct: every job Q4_0/Q8_0 and no norm,
+// the records made as the values arrive), or floats (xs) plus, if a job is Q4_0/Q8_0, the records (xq)
+MK_HOSTDEV bool mk_mv_q8(const mk_mvr & R) {
+    return mk_is_q8dot(R.j[0].type) || mk_is_q8dot(R.j[1].type) || mk_is_q8dot(R.j[2].type);
+}
+MK_HOSTDEV bool mk_mv_direct(const mk_mvr & R) {
+    return mk_is_q8dot(R.j[0].type) && mk_is_q8dot(R.j[1].type) && mk_is_q8dot(R.j[2].type) && !R.norm;
+}
+
+// the columns of a mat-vec with K-value inputs that one pass stages, given the step's layout
+MK_HOSTDEV int mk_mv_cols(const mk_mvr & R, int xs_bytes, int xq_bytes) {
+    const int KG = (R.j[0].ne0 + 31)/32;
+    if (mk_mv_direct(R)) {
+        return (xs_bytes + xq_bytes)/(KG*MK_XQ_REC);
+    }
+    const int c = xs_bytes/(KG*(int) MK_XS_GROUP);
+    return mk_mv_q8(R) ? (c < xq_bytes/(KG*MK_XQ_REC) ? c : xq_bytes/(KG*MK_XQ_REC)) : c;
+}
+
+// host: the shared-memory layout of a step of M columns within `total` bytes: xs and xq big enough for the largest
+// M' <= M such that every mat-vec stages M' columns in one pass and MK_NS_MIN weight stages per warp still fit (a
+// mat-vec with more columns runs in passes); the rest are weight stages, at most ns_max. ns = 0: not even one
+// column fits (too long a row for the shared memory)
+struct mk_smem {
+    int xs_bytes, xq_bytes, ns, cols;
+};
+
+static inline mk_smem mk_smem_plan(const mk_mvr * tab, int n_mv, int M, int total, int ns_max) {
+    const int stage = MK_WARPS*MK_STAGE_BYTES;
+    for (int c = M; c >= 1; --c) {
+        int xs = (int) MK_HEADS_BYTES, xq = 0, dir = 0;
+        for (int i = 0; i < n_mv; ++i) {
+            const mk_mvr & R = tab[i];
+            if (R.units == 0) {
+                continue;
+            }
+            const int KG = (R.j[0].ne0 + 31)/32;
+            if (mk_mv_direct(R)) {
+                dir = dir > c*KG*MK_XQ_REC ? dir : c*KG*MK_XQ_REC;
+            } else {
+                xs = xs > c*KG*(int) MK_XS_GROUP ? xs : c*KG*(int) MK_XS_GROUP;
+                if (mk_mv_q8(R)) {
+                    xq = xq > c*KG*MK_XQ_REC ? xq : c*KG*MK_XQ_REC;
+                }
+            }
+        }
+        if (xs + xq < dir) {
+            xq = dir - xs;
+        }
+        xs = (xs + 15)/16*16;
+        xq = (xq + 15)/16*16;
+        if (xs + xq + MK_NS_MIN*stage <= total) {
+            int ns = (total - xs - xq)/stage;
+            ns = ns < ns_max ? ns : ns_max;
+            ns = ns < MK_NS_MAX ? ns : MK_NS_MAX;
+            ns = ns > MK_NS_MIN ? ns : MK_NS_MIN;
+            return { xs, xq, ns, c };
+        }
+    }
+    return { 0, 0, 0, 0 };
+}
+
 // where a warp is in its walk over the mat-vec: row unit u (pair: row u of both jobs), sub-row, tile
 // of the row, tile count t; job and row follow from u and sub
 struct mk_it {
@@ -373,11 +447,11 @@ MK_DEVICE void mk_it_set(const mk_mvr & R, mk_it & it) {
     }
     int r = it.u;
     int j = 0;
-    if (r >= R.j0.ne1) {
-        r -= R.j0.ne1;
+    if (r >= R.j[0].ne1) {
+        r -= R.j[0].ne1;
         j = 1;
-        if (r >= R.j1.ne1) {
-            r -= R.j1.ne1;
+        if (r >= R.j[1].ne1) {
+            r -= R.j[1].ne1;
             j = 2;
         }
     }
@@ -416,20 +490,35 @@ MK_DEVICE const uint8_t * mk_tile(const mk_mvr & R, const mk_it & it, int & nbyt
     return MK_J(R, it.job, data) + (size_t) it.row*MK_J(R, it.job, nb1) + it.seg*tb;
 }
 
-// this warp's stage for tile number t
-MK_DEVICE uint8_t * mk_stage_buf(uint8_t * ws, int t) {
-    return ws + ((threadIdx.x / WARP_SIZE)*MK_NS + t % MK_NS)*MK_STAGE_BYTES;
+// this warp's stage for tile number t (ns stages per warp)
+MK_DEVICE uint8_t * mk_stage_buf(uint8_t * ws, int ns, int t) {
+    return ws + ((threadIdx.x / WARP_SIZE)*ns + t % ns)*MK_STAGE_BYTES;
 }
 
+// wait until at most n (< MK_NS_MAX) copy groups of this thread are pending
+MK_DEVICE void mk_cp_async_wait_n(int n) {
+    switch (n) {
+        case 0:  mk_cp_async_wait<0>(); break;
+        case 1:  mk_cp_async_wait<1>(); break;
+        case 2:  mk_cp_async_wait<2>(); break;
+        case 3:  mk_cp_async_wait<3>(); break;
+        case 4:  mk_cp_async_wait<4>(); break;
+        case 5:  mk_cp_async_wait<5>(); break;
+        case 6:  mk_cp_async_wait<6>(); break;
+        default: mk_cp_async_wait<MK_NS_MAX - 1>(); break;
+    }
+}
+static_assert(MK_NS_MAX == 8, "mk_cp_async_wait_n covers n < MK_NS_MAX");
+
 // start the copy of one tile into its stage (16-byte pieces from the aligned-down start); one commit group
-MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws) {
+MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws, int ns) {
     if (it.u < R.units) {
         int nbytes, g0, ng;
         const uint8_t * src = mk_tile(R, it, nbytes, g0, ng);
         const uintptr_t a0 = (uintptr_t) src & ~(uintptr_t) 15;
         const uintptr_t a1 = ((uintptr_t) src + nbytes + 15) & ~(uintptr_t) 15;
         const int n16 = (int) ((a1 - a0)/16);
-        uint8_t * dst = mk_stage_buf(ws, it.t);
+        uint8_t * dst = mk_stage_buf(ws, ns, it.t);
         for (int c = threadIdx.x % WARP_SIZE; c < n16; c += WARP_SIZE) {
             mk_cp_async16(dst + 16*c, (const void *) (a0 + 16*c));
         }
@@ -437,13 +526,12 @@ MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws) {
     mk_cp_async_commit();
 }
 
-// issue this warp's first MK_NS - 1 tiles of a mat-vec: may run before the grid barrier that
+// issue this warp's first ns - 1 tiles of a mat-vec: may run before the grid barrier that
 // precedes it (the weights do not depend on the barrier), so the loads overlap the wait
-MK_DEVICE_FN void mk_mv_begin(const mk_mvr & Rs, uint8_t * ws) {
-    const mk_mvr R = Rs;
+MK_DEVICE_FN void mk_mv_begin(const mk_mvr & R, uint8_t * ws, int ns) {
     mk_it it = mk_it_first(R);
-    for (int i = 0; i < MK_NS - 1; ++i) {
-        mk_fetch(R, it, ws);
+    for (int i = 0; i < ns - 1; ++i) {
+        mk_fetch(R, it, ws, ns);
         if (it.u < R.units) {
             mk_it_next(R, it);
         }
@@ -691,9 +779,6 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 }
 
 // the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier)
-MK_DEVICE bool mk_is_q8dot(int type) {
-    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0;
-}
 
 MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned address
     return (unsigned) *(const uint16_t *) p | ((unsigned) *(const uint16_t *) (p + 2) << 16);
@@ -760,31 +845,33 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
 // MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_M: any batch); a column's
 // arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
 template <int MC>
-MK_DEVICE_FN void mk_mv_run(const mk_mvr & Rs, const mk_xin & x, int M, float eps, float * xs, uint8_t * ws,
-                            unsigned long long * prof) {
-    const mk_mvr R = Rs;
-    const bool q8 = mk_is_q8dot(R.j0.type) || mk_is_q8dot(R.j1.type) || mk_is_q8dot(R.j2.type);
+MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, int xs_bytes, int xq_bytes,
+                            uint8_t * ws, int ns, unsigned long long * prof) {
+    if ((x.nw != nullptr) != (R.norm != 0)) {
+        MK_TRAP();   // the table (mk_mv_desc) and the call disagree: the step's layout (mk_smem_plan) would be wrong
+    }
+    const bool q8 = mk_mv_q8(R);
     // only 8-bit inputs are needed (every job Q4_0/Q8_0) and there is no norm: the records alone, made as the
-    // values arrive, in the whole inputs region (room for 4x the columns: verify batches in one pass)
-    const bool direct = mk_is_q8dot(R.j0.type) && mk_is_q8dot(R.j1.type) && mk_is_q8dot(R.j2.type) && !x.nw;
-    uint8_t * xq = direct ? (uint8_t *) xs : (uint8_t *) xs + MK_XS_BYTES;
-    const int K    = R.j0.ne0;
+    // values arrive, in the whole inputs region (xs and xq)
+    const bool direct = mk_mv_direct(R);
+    uint8_t * xq = direct ? (uint8_t *) xs : (uint8_t *) xs + xs_bytes;
+    const int K    = R.j[0].ne0;
     const int lane = threadIdx.x % WARP_SIZE;
     const int KG   = mk_kg(K);
-    const int Mcap = max(1, min(M, direct ? (int) ((MK_XS_BYTES + MK_XQ_BYTES)/MK_XQ_REC) / KG : MK_XS_CAP / (KG*32)));
+    const int Mcap = max(1, min(M, mk_mv_cols(R, xs_bytes, xq_bytes)));   // (mk_smem_plan: at least 1 fits)
 
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
         if (m0 > 0) {
-            mk_mv_begin(Rs, ws);  // another pass over the weights for the next columns
+            mk_mv_begin(R, ws, ns);  // another pass over the weights for the next columns
         }
         mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
         }
 
-        mk_it fe = mk_it_first(R);   // fetch: MK_NS - 1 tiles ahead of the consumer
-        for (int i = 0; i < MK_NS - 1 && fe.u < R.units; ++i) {
+        mk_it fe = mk_it_first(R);   // fetch: ns - 1 tiles ahead of the consumer
+        for (int i = 0; i < ns - 1 && fe.u < R.units; ++i) {
             mk_it_next(R, fe);
         }
         float acc[MC];
@@ -795,16 +882,16 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & Rs, const mk_xin & x, int M, float ep
             gs[m]  = 0.0f;
         }
         for (mk_it it = mk_it_first(R); it.u < R.units; ) {
-            mk_fetch(R, fe, ws);
+            mk_fetch(R, fe, ws, ns);
             if (fe.u < R.units) {
                 mk_it_next(R, fe);
             }
-            mk_cp_async_wait<MK_NS - 1>();
+            mk_cp_async_wait_n(ns - 1);
             __syncwarp();
 
             int nbytes, g0, ng;
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
-            const uint8_t * base = mk_stage_buf(ws, it.t) + ((uintptr_t) src & 15);
+            const uint8_t * base = mk_stage_buf(ws, ns, it.t) + ((uintptr_t) src & 15);
             const int type = MK_J(R, it.job, type);
             if (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
                 // integer dot products with the q8 inputs (llama.cpp's mmvq arithmetic, per 32-value block); one
@@ -889,7 +976,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & Rs, const mk_xin & x, int M, float ep
                     }
                 }
             }
-            __syncwarp(); // the stage is refilled MK_NS - 1 tiles later
+            __syncwarp(); // the stage is refilled ns - 1 tiles later
 
             const bool row_done = it.seg == MK_J(R, it.job, nseg) - 1;
             const int  sub  = it.sub;
@@ -1323,6 +1410,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // threads per call, far more than the L1 left beside the shared memory, so every phase paid L2 round trips.)
     MK_SHARED(mk_args, s_a, 1);
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
+    MK_SHARED(mk_mvr,  s_mv, 1);   // its descriptor (from the table)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
     }
@@ -1331,8 +1419,8 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         *a.bar_next = 0;   // the next launch's barrier count
     }
-    float   * xs = (float *) smem;                       // staged mat-vec inputs; the heads' scratch
-    uint8_t * ws = (uint8_t *) smem + MK_XS_BYTES + MK_XQ_BYTES;  // weight stages
+    float   * xs = (float *) smem;                                // staged mat-vec inputs; the heads' scratch
+    uint8_t * ws = (uint8_t *) smem + a.xs_bytes + a.xq_bytes;   // weight stages (a.ns per warp)
 
     const ggml_mk_model & md = *a.m;
     const int M = a.st->n_tokens;
@@ -1354,10 +1442,15 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
 
     // begin(idx): every warp issues its first weight tiles of mat-vec idx (mk_mv_index; typically before the
     // barrier that precedes it); run(fx): thread 0 writes the inputs fx() makes, then the mat-vec begun last
-    const mk_mvr * cur = a.mvt;
     auto begin = [&](int idx) {
-        cur = a.mvt + idx;
-        mk_mv_begin(*cur, ws);
+        // (the mat-vec before has ended: its last barrier is behind every thread)
+        static_assert(sizeof(mk_mvr) % sizeof(unsigned) == 0, "mk_mvr is copied in words");
+        const unsigned * src = (const unsigned *) (a.mvt + idx);
+        for (int i = threadIdx.x; i < (int) (sizeof(mk_mvr)/sizeof(unsigned)); i += MK_THREADS) {
+            ((unsigned *) s_mv)[i] = src[i];
+        }
+        __syncthreads();
+        mk_mv_begin(s_mv[0], ws, a.ns);
     };
     auto run = [&](auto fx) {
         if (threadIdx.x == 0) {
@@ -1366,9 +1459,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         __syncthreads();
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
-            mk_mv_run<1>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
+            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
         } else {
-            mk_mv_run<MK_M>(*cur, s_xin[0], M, eps, xs, ws, a.prof);
+            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
         }
     };
     auto plain = [&](const float * in, int ld) {

@@ -109,6 +109,10 @@ struct mk_cuda {
     float * scratch = nullptr;
     mk_args args = {};
 
+    // shared memory: the dynamic part of a block, and its layout for each step size (mk_smem_plan)
+    int smem_bytes = 0;
+    mk_smem smem[MK_M + 1] = {};
+
     // upload: [mk_dstep][mask0][mask1][embd][pl_embd]
     char * d_up = nullptr;
     char * h_up = nullptr;
@@ -174,8 +178,8 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
             }
         }
         for (const auto & [name, w] : ws) {
-            if ((w->ne0 + 31)/32*32 > MK_XS_CAP || w->ne0 % 4 != 0) {
-                snprintf(err, err_size, "%s has rows of %d values (a multiple of 4 up to %d supported)", name.c_str(), w->ne0, MK_XS_CAP);
+            if (w->ne0 % 4 != 0) {
+                snprintf(err, err_size, "%s has rows of %d values (a multiple of 4 supported)", name.c_str(), w->ne0);
                 delete mk;
                 return nullptr;
             }
@@ -213,9 +217,15 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         ggml_cuda_mk_free(mk);
         return nullptr;
     }
+    // all the shared memory a block may have: the kernel's static arrays, the rest dynamic (inputs and weight stages)
+    int optin = 0;
+    cudaFuncAttributes fa = {};
+    MK_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, mk->device), "shared memory per block");
+    MK_TRY(cudaFuncGetAttributes(&fa, mk_decode_kernel), "kernel attributes");
+    mk->smem_bytes = (int) ((optin - (int) fa.sharedSizeBytes)/16*16);
     int per_sm = 0;
-    MK_TRY(cudaFuncSetAttribute(mk_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) MK_SMEM_BYTES), "shared memory limit");
-    MK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk_decode_kernel, MK_THREADS, MK_SMEM_BYTES), "occupancy");
+    MK_TRY(cudaFuncSetAttribute(mk_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mk->smem_bytes), "shared memory limit");
+    MK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk_decode_kernel, MK_THREADS, mk->smem_bytes), "occupancy");
     if (per_sm < 1) {
         snprintf(err, err_size, "the kernel does not fit on a multiprocessor");
         ggml_cuda_mk_free(mk);
@@ -291,6 +301,28 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         MK_TRY(cudaMemcpy(p, tab.data(), tab.size()*sizeof(mk_mvr), cudaMemcpyHostToDevice), "mat-vec table upload");
         mk->args.mvt = (const mk_mvr *) p;
         p += sz_mvt;
+
+        // the shared memory's layout for each step size
+        const int ns_max = (model->debug_flags & GGML_MK_VAR_NS3) ? MK_NS_MIN : MK_NS_MAX;
+        for (int m = 1; m <= MK_M; ++m) {
+            mk->smem[m] = mk_smem_plan(tab.data(), (int) tab.size(), m, mk->smem_bytes, ns_max);
+        }
+        if (mk->smem[1].ns == 0) {
+            int kmax = 0;
+            for (const mk_mvr & R : tab) {
+                kmax = std::max(kmax, R.units ? R.j[0].ne0 : 0);
+            }
+            snprintf(err, err_size, "rows of %d values do not fit in %d bytes of shared memory with %d weight stages per warp",
+                     kmax, mk->smem_bytes, MK_NS_MIN);
+            ggml_cuda_mk_free(mk);
+            return nullptr;
+        }
+        if (getenv("LLAMA_MEGAKERNEL_PROFILE")) {
+            for (int m = 1; m <= MK_M; ++m) {
+                fprintf(stderr, "llama_mk: M=%d shared memory %d B: inputs %d + 8-bit %d B (%d columns per pass), %d weight stages per warp\n",
+                        m, mk->smem_bytes, mk->smem[m].xs_bytes, mk->smem[m].xq_bytes, mk->smem[m].cols, mk->smem[m].ns);
+            }
+        }
     }
     return mk;
 }
@@ -420,8 +452,11 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     if (mk->launches++ % 2) {
         std::swap(a.bar, a.bar_next);
     }
+    a.xs_bytes = mk->smem[M].xs_bytes;
+    a.xq_bytes = mk->smem[M].xq_bytes;
+    a.ns       = mk->smem[M].ns;
     void * kargs[] = { (void *) &a };
-    cudaError_t e = cudaLaunchCooperativeKernel((const void *) mk_decode_kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, MK_SMEM_BYTES, mk->stream);
+    cudaError_t e = cudaLaunchCooperativeKernel((const void *) mk_decode_kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
         return 4;

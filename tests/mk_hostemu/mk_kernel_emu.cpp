@@ -6,6 +6,8 @@
 //  - a verify step of M tokens: every row bitwise equal to the one-token steps (lossless);
 //  - both KV layouts (plain and transposed V), a shared-KV layer, proportional rope, per-layer inputs.
 // `--planted` runs with the grid barriers off (GGML_MK_DEBUG_NO_GRID_BARRIER): that must fail.
+// `--smem BYTES`: a block's dynamic shared memory (the host lays it out per step size, mk_smem_plan); the default
+// is small enough that a verify step's mat-vecs run in passes of 2 columns with 3 weight stages per warp.
 // The model, the reference and the checks are shared with the Metal kernel's test (mk_ref.h).
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
@@ -25,14 +27,17 @@ using namespace mk_ref;
 int main(int argc, char ** argv) {
     bool planted = false;
     int variant = 0;   // GGML_MK_VAR_* bits (a kernel variant must give the same results)
+    int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;   // 2 columns of 256 values
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--planted") {
             planted = true;
         } else if (a == "--variant" && i + 1 < argc) {
             variant = (int) strtol(argv[++i], nullptr, 0);
+        } else if (a == "--smem" && i + 1 < argc) {
+            smem = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--planted] [--variant BITS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--planted] [--variant BITS] [--smem BYTES]\n", argv[0]);
             return 2;
         }
     }
@@ -82,7 +87,19 @@ int main(int argc, char ** argv) {
         std::vector<mk_mvr> mvt(mk_mv_count(n_layer));
         mk_mv_table(M_, a, mvt.data());
         a.mvt = mvt.data();
-        if (!emu_launch(mk_decode_kernel, a, 2, MK_THREADS, MK_SMEM_BYTES, "mk_decode_kernel")) {
+        const mk_smem L = mk_smem_plan(mvt.data(), (int) mvt.size(), M, smem,
+                                       (M_.debug_flags & GGML_MK_VAR_NS3) ? MK_NS_MIN : MK_NS_MAX);
+        if (L.ns == 0) {
+            printf("FAIL the model's mat-vecs do not fit in %d bytes of shared memory\n", smem);
+            exit(1);
+        }
+        static int said[MK_M + 1];
+        if (!said[M]++) {
+            printf("M=%d: shared memory %d B: inputs %d + 8-bit %d B, %d columns per pass, %d weight stages per warp\n",
+                   M, smem, L.xs_bytes, L.xq_bytes, L.cols, L.ns);
+        }
+        a.xs_bytes = L.xs_bytes; a.xq_bytes = L.xq_bytes; a.ns = L.ns;
+        if (!emu_launch(mk_decode_kernel, a, 2, MK_THREADS, smem, "mk_decode_kernel")) {
             printf("FAIL deadlock in mk_decode_kernel\n");
             exit(1);
         }
