@@ -115,7 +115,6 @@ struct ggml_mk_model {
 // results bitwise equal to the default kernel
 #define GGML_MK_VAR_GENERIC_M         0x400   // (before) one-token steps through the mat-vec code made for any batch
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
-#define GGML_MK_VAR_NS3               0x1000  // (before) three weight stages per warp whatever the step's size
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

@@ -48,7 +48,18 @@ struct llama_mk {
 
     std::set<std::string>  said;     // reasons already logged
 
+    // LLAMA_MEGAKERNEL_PROFILE=1: the host's share of one-token steps (us, summed)
+    bool    prof = false;
+    int     prof_steps = 0;
+    int64_t prof_us[4] = {0, 0, 0, 0};   // inputs (cells, masks, views), embedding rows, the backend's step, all
+
     ~llama_mk() {
+        if (prof && prof_steps > 0) {
+            const double n = prof_steps;
+            LLAMA_LOG_INFO("llama_mk profile: host, %d one-token steps: llama_mk_decode %.1f us = inputs (cells, masks, cache "
+                           "views) %.1f + embedding rows %.1f + the backend's step %.1f us\n", prof_steps, prof_us[3]/n,
+                           prof_us[0]/n, prof_us[1]/n, prof_us[2]/n);
+        }
         if (backend_mk && free_fn) {
             free_fn(backend_mk);
         }
@@ -332,6 +343,9 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
             }
         }
     }
+    if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE")) {
+        mk->prof = atoi(e) != 0;
+    }
     if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
         p.debug_flags = atoi(dbg); // planted bugs, tests only
     }
@@ -464,6 +478,8 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
     const ggml_mk_model & p = mk->plan;
     const llama_model & model = *mk->model;
     const uint32_t n_tokens = ubatch.n_tokens;
+    const bool prof = mk->prof && n_tokens == 1;
+    const int64_t t0 = prof ? ggml_time_us() : 0;
 
     if (!mctx->apply()) {
         LLAMA_LOG_ERROR("llama_mk: failed to apply the memory context\n");
@@ -539,6 +555,8 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         }
     }
 
+    const int64_t t1 = prof ? ggml_time_us() : 0;
+
     // token embeddings (and Gemma 4 per-layer token embeddings) looked up on the host
     const int64_t n_pl = (int64_t) p.n_embd_pl*p.n_layer;
     mk->embd.resize((size_t) n_tokens*p.n_embd);
@@ -559,10 +577,19 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
     st.embd   = mk->embd.data();
     st.pl_embd = n_pl > 0 ? mk->pl_embd.data() : nullptr;
 
+    const int64_t t2 = prof ? ggml_time_us() : 0;
     const int rc = mk->eval(mk->backend_mk, &st, logits_out);
     if (rc != 0) {
         LLAMA_LOG_ERROR("llama_mk: the megakernel failed (code %d)\n", rc);
         return false;
+    }
+    if (prof) {
+        const int64_t t3 = ggml_time_us();
+        mk->prof_us[0] += t1 - t0;
+        mk->prof_us[1] += t2 - t1;
+        mk->prof_us[2] += t3 - t2;
+        mk->prof_us[3] += t3 - t0;
+        mk->prof_steps++;
     }
     return true;
 }

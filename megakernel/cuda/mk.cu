@@ -303,7 +303,12 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         p += sz_mvt;
 
         // the shared memory's layout for each step size
-        const int ns_max = (model->debug_flags & GGML_MK_VAR_NS3) ? MK_NS_MIN : MK_NS_MAX;
+        // weight stages per warp: 3 unless LLAMA_MEGAKERNEL_STAGES asks for more (sweeps). More measured slower on
+        // the H200 (E4B, one-token step: 3 4 5 6 stages 5357 5474 5514 5578 us; NOTES.md, megakernel session 7)
+        int ns_max = MK_NS_MIN;
+        if (const char * e = getenv("LLAMA_MEGAKERNEL_STAGES")) {
+            ns_max = std::max(MK_NS_MIN, std::min(MK_NS_MAX, atoi(e)));
+        }
         for (int m = 1; m <= MK_M; ++m) {
             mk->smem[m] = mk_smem_plan(tab.data(), (int) tab.size(), m, mk->smem_bytes, ns_max);
         }

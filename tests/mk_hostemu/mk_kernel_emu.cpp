@@ -8,6 +8,7 @@
 // `--planted` runs with the grid barriers off (GGML_MK_DEBUG_NO_GRID_BARRIER): that must fail.
 // `--smem BYTES`: a block's dynamic shared memory (the host lays it out per step size, mk_smem_plan); the default
 // is small enough that a verify step's mat-vecs run in passes of 2 columns with 3 weight stages per warp.
+// `--stages N`: at most N weight stages per warp (3 by default, as on the GPU; LLAMA_MEGAKERNEL_STAGES there).
 // The model, the reference and the checks are shared with the Metal kernel's test (mk_ref.h).
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
@@ -27,6 +28,7 @@ using namespace mk_ref;
 int main(int argc, char ** argv) {
     bool planted = false;
     int variant = 0;   // GGML_MK_VAR_* bits (a kernel variant must give the same results)
+    int ns_max = MK_NS_MIN;
     int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;   // 2 columns of 256 values
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -36,8 +38,10 @@ int main(int argc, char ** argv) {
             variant = (int) strtol(argv[++i], nullptr, 0);
         } else if (a == "--smem" && i + 1 < argc) {
             smem = atoi(argv[++i]);
+        } else if (a == "--stages" && i + 1 < argc) {
+            ns_max = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--planted] [--variant BITS] [--smem BYTES]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--planted] [--variant BITS] [--smem BYTES] [--stages N]\n", argv[0]);
             return 2;
         }
     }
@@ -87,8 +91,7 @@ int main(int argc, char ** argv) {
         std::vector<mk_mvr> mvt(mk_mv_count(n_layer));
         mk_mv_table(M_, a, mvt.data());
         a.mvt = mvt.data();
-        const mk_smem L = mk_smem_plan(mvt.data(), (int) mvt.size(), M, smem,
-                                       (M_.debug_flags & GGML_MK_VAR_NS3) ? MK_NS_MIN : MK_NS_MAX);
+        const mk_smem L = mk_smem_plan(mvt.data(), (int) mvt.size(), M, smem, ns_max);
         if (L.ns == 0) {
             printf("FAIL the model's mat-vecs do not fit in %d bytes of shared memory\n", smem);
             exit(1);
