@@ -115,6 +115,8 @@ struct ggml_mk_model {
 // results bitwise equal to the default kernel
 #define GGML_MK_VAR_GENERIC_M         0x400   // (before) one-token steps through the mat-vec code made for any batch
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
+#define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a
+                                              // counter per (token, head)), not one block per (token, head) where it fits
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

@@ -392,13 +392,21 @@ MK_HOSTDEV int mk_mv_cols(const mk_mvr & R, int xs_bytes, int xq_bytes) {
 
 // host: the shared-memory layout of a step of M columns within `total` bytes: xs and xq big enough for the largest
 // M' <= M such that every mat-vec stages M' columns in one pass and MK_NS_MIN weight stages per warp still fit (a
-// mat-vec with more columns runs in passes); the rest are weight stages, at most ns_max. ns = 0: not even one
+// mat-vec with more columns runs in passes), and together at least att_bytes where that fits too (the attention's
+// partial results); the rest are weight stages, at most ns_max. ns = 0: not even one
 // column fits (too long a row for the shared memory)
 struct mk_smem {
     int xs_bytes, xq_bytes, ns, cols;
 };
 
-static inline mk_smem mk_smem_plan(const mk_mvr * tab, int n_mv, int M, int total, int ns_max) {
+// the shared memory the attention would like for its partial results (one block per (token, head)): MK_ATT_SLOTS
+// chunks (two per warp; 256 cells at 8 per chunk); longer chunk lists take the device-wide way
+#define MK_ATT_SLOTS 32
+static inline int mk_att_bytes(const ggml_mk_model & md) {
+    return MK_ATT_SLOTS*(4 + md.max_head_dim)*(int) sizeof(float);
+}
+
+static inline mk_smem mk_smem_plan(const mk_mvr * tab, int n_mv, int M, int total, int ns_max, int att_bytes) {
     const int stage = MK_WARPS*MK_STAGE_BYTES;
     for (int c = M; c >= 1; --c) {
         int xs = (int) MK_HEADS_BYTES, xq = 0, dir = 0;
@@ -422,6 +430,9 @@ static inline mk_smem mk_smem_plan(const mk_mvr * tab, int n_mv, int M, int tota
         }
         xs = (xs + 15)/16*16;
         xq = (xq + 15)/16*16;
+        if (xs + xq < att_bytes && att_bytes + MK_NS_MIN*stage <= total) {
+            xs = (att_bytes - xq + 15)/16*16;
+        }
         if (xs + xq + MK_NS_MIN*stage <= total) {
             int ns = (total - xs - xq)/stage;
             ns = ns < ns_max ? ns : ns_max;
@@ -1113,17 +1124,33 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
 
 // ---------------------------------------------------------------------------------------------
 // attention, split over the cells: one warp per (token, head, chunk of att_chunk cells counted from
-// cell 0), online softmax over the chunk's visible cells CPI at a time; the warp that finishes a
-// (token, head) last combines its chunks in chunk order. Chunk bounds and order are fixed by the
-// cell numbers alone, so a token's result does not depend on the step's n_kv or M; only the chunks
-// with a cell some token of the step sees run (the step's list), the rest would add nothing.
+// cell 0), online softmax over the chunk's visible cells CPI at a time; the chunks' partial results are
+// combined in chunk order. Where the step's chunk list fits in a block's shared memory, one block takes a
+// (token, head) and combines in shared memory; else the chunks spread over the whole grid and the warp that
+// finishes a (token, head) last combines. Chunk bounds and order are fixed by the cell numbers alone, so a
+// token's result does not depend on the step's n_kv or M, nor on which way ran; only the chunks with a
+// cell some token of the step sees run (the step's list), the rest would add nothing.
 // Lanes own dimension pairs d = 2*lane + 64*i (+1), i < NP.
 
 MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u & 0xffff))); }
 MK_DEVICE float mk_hi(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u >> 16))); }
 
-template <int NP>
-MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
+template <bool B> struct mk_bool { static constexpr bool value = B; };
+
+// a value of the attention's partial results: in this block's shared memory (SH) or written by other blocks (L2)
+template <bool SH>
+MK_DEVICE float mk_ld_part(const float * p) {
+    if constexpr (SH) {
+        return *p;
+    } else {
+        return mk_ldcg(p);
+    }
+}
+
+// BLK: one block per (token, head) (returns false, having done nothing, when the step's chunk list is longer than the
+// block's shared memory holds); else the device-wide way. Two instantiations, each with its own registers
+template <int NP, bool BLK>
+MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
@@ -1148,17 +1175,16 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                        (n_kv + 7)/8*8 <= (int) (kv.v_sd/2);   // (a load may pass n_kv, never the row)
     const int PS     = 4 + a.m->max_head_dim;
 
-    for (int u = warp; u < M*L.n_head*nch; u += nwarps) {
-        const int ck  = u % nch;               // the ck-th chunk of the list: its partial result's slot
+    // chunk ck (of the step's list) of (token, head) mh: its running max, sum and weighted V sum
+    auto chunk = [&](int mh, int ck, float & mx, float & l, float (&a0)[NP], float (&a1)[NP]) {
         const int ch  = st.ch[cache][ck];
-        const int mh  = u / nch;
         const int m   = mh / L.n_head;
         const int h   = mh % L.n_head;
         const int hkv = h / gqa;
         const float * q    = a.q + (size_t) m*a.m->max_q + h*hd;
         const float * mask = a.mask[cache] + (size_t) m*n_kv;
 
-        float q0[NP], q1[NP], a0[NP], a1[NP];
+        float q0[NP], q1[NP];
 #pragma unroll
         for (int i = 0; i < NP; ++i) {
             q0[i] = i < np ? mk_ldcg(q + 2*lane + 64*i)     : 0.0f;
@@ -1166,8 +1192,8 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
             a0[i] = 0.0f;
             a1[i] = 0.0f;
         }
-        float mx = -INFINITY;
-        float l  = 0.0f;
+        mx = -INFINITY;
+        l  = 0.0f;
         const char * kb = (const char *) kv.k + hkv*kv.k_sh + 4*lane;
         const char * vb = (const char *) kv.v + hkv*kv.v_sh;
         const int c0 = ch*CH;
@@ -1284,9 +1310,9 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
             mx = mn;
         }
 
-        // this chunk's partial result, then the (token, head)'s chunk count
-        float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
-        float * P = part + (size_t) ck*PS;
+    };
+    // a chunk's partial result: [max, sum, -, -, weighted V sum]
+    auto put = [&](float * P, float mx, float l, const float (&a0)[NP], const float (&a1)[NP]) {
         if (lane == 0) {
             P[0] = mx;
             P[1] = l;
@@ -1298,26 +1324,23 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                 P[4 + 2*lane + 64*i + 1] = a1[i];
             }
         }
-        __threadfence();
-        __syncwarp();
-        unsigned done = 0;
-        if (lane == 0) {
-            done = atomicAdd(a.att_cnt + mh, 1u);
-        }
-        done = __shfl_sync(0xffffffff, done, 0);
-        if (done != (unsigned) nch - 1) {
-            continue;
-        }
-        // the last chunk of (m, h): combine all of them in chunk order. The chunk headers are read one per
-        // lane; then every chunk's loads are issued unconditionally (4 chunks in flight) and only the
-        // arithmetic skips empty chunks, so the result does not depend on how many empty chunks follow
-        __threadfence();
+    };
+    // (token, head) mh's nch partial results at part, combined in chunk order into a.att; the chunk headers are read
+    // one per lane; then every chunk's loads are issued unconditionally (4 chunks in flight) and only the arithmetic
+    // skips empty chunks, so the result does not depend on how many empty chunks follow. The partial results are
+    // in global memory (SH false: loads through L2) or in this block's shared memory (SH true)
+    auto combine = [&](int mh, const float * part, auto sh) {
+        constexpr bool SH = decltype(sh)::value;
+#define MK_LD(p) mk_ld_part<SH>(p)
+        const int m = mh / L.n_head;
+        const int h = mh % L.n_head;
+        float a0[NP], a1[NP];
         float gm = -INFINITY;
         for (int k0 = 0; k0 < nch; k0 += WARP_SIZE) {
             const int k = k0 + lane;
             if (k < nch) {
-                const float lk = mk_ldcg(part + (size_t) k*PS + 1);
-                const float mk = mk_ldcg(part + (size_t) k*PS);
+                const float lk = MK_LD(part + (size_t) k*PS + 1);
+                const float mk = MK_LD(part + (size_t) k*PS);
                 if (lk > 0.0f) {
                     gm = fmaxf(gm, mk);
                 }
@@ -1336,13 +1359,13 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
 #pragma unroll 4
         for (int k = 0; k < nch; ++k) {
             const float * Pk = part + (size_t) k*PS;
-            const float lk = mk_ldcg(Pk + 1);
-            const float mk = mk_ldcg(Pk);
+            const float lk = MK_LD(Pk + 1);
+            const float mk = MK_LD(Pk);
             float c0[NP], c1[NP];
 #pragma unroll
             for (int i = 0; i < NP; ++i) {
-                c0[i] = i < np ? mk_ldcg(Pk + 4 + 2*lane + 64*i)     : 0.0f;
-                c1[i] = i < np ? mk_ldcg(Pk + 4 + 2*lane + 64*i + 1) : 0.0f;
+                c0[i] = i < np ? MK_LD(Pk + 4 + 2*lane + 64*i)     : 0.0f;
+                c1[i] = i < np ? MK_LD(Pk + 4 + 2*lane + 64*i + 1) : 0.0f;
             }
             if (!(lk > 0.0f)) {
                 continue;
@@ -1364,10 +1387,60 @@ MK_DEVICE_FN void mk_attention(const mk_args & a, int il, int M) {
                 out[2*lane + 64*i + 1] = a1[i]*inv;
             }
         }
+#undef MK_LD
+    };
+
+    if constexpr (BLK) {
+        // one block per (token, head), its warps take the chunks, the partial results stay in the block's shared
+        // memory (the staged-inputs region, free between mat-vecs) and warp 0 combines them: no device-wide fence, no
+        // counter, no L2 round trips for the partial results. The same chunk and combine arithmetic as the device-wide
+        // way, so the same bits (measured 1.024x the device-wide way on E4B, bitwise equal; NOTES.md, session 7)
+        if (nch > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
+            return false;
+        }
+        const int wb = threadIdx.x / WARP_SIZE;
+        for (int mh = blockIdx.x; mh < M*L.n_head; mh += gridDim.x) {
+            for (int ck = wb; ck < nch; ck += MK_WARPS) {
+                float mx, l, a0[NP], a1[NP];
+                chunk(mh, ck, mx, l, a0, a1);
+                put(sm + (size_t) ck*PS, mx, l, a0, a1);
+            }
+            __syncthreads();
+            if (wb == 0) {
+                combine(mh, sm, mk_bool<true>());
+            }
+            __syncthreads();   // the slots are rewritten for the next (token, head)
+        }
+        return true;
+    }
+
+    for (int u = warp; u < M*L.n_head*nch; u += nwarps) {
+        const int ck = u % nch;               // the ck-th chunk of the list: its partial result's slot
+        const int mh = u / nch;
+        float mx, l, a0[NP], a1[NP];
+        chunk(mh, ck, mx, l, a0, a1);
+
+        // this chunk's partial result, then the (token, head)'s chunk count
+        float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
+        put(part + (size_t) ck*PS, mx, l, a0, a1);
+        __threadfence();
+        __syncwarp();
+        unsigned done = 0;
+        if (lane == 0) {
+            done = atomicAdd(a.att_cnt + mh, 1u);
+        }
+        done = __shfl_sync(0xffffffff, done, 0);
+        if (done != (unsigned) nch - 1) {
+            continue;
+        }
+        // the last chunk of (m, h): combine all of them in chunk order
+        __threadfence();
+        combine(mh, part, mk_bool<false>());
         if (lane == 0) {
             atomicExch(a.att_cnt + mh, 0u);
         }
     }
+    return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1510,9 +1583,13 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         mk_grid_sync(a, MK_PH_HEADS);
 
         if (L.head_dim <= 256) {
-            mk_attention<4>(a, il, M);
+            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
+                mk_attention<4, false>(a, il, M, xs);
+            }
         } else {
-            mk_attention<GGML_MK_MAX_HEAD_DIM/64>(a, il, M);
+            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true>(a, il, M, xs)) {
+                mk_attention<GGML_MK_MAX_HEAD_DIM/64, false>(a, il, M, xs);
+            }
         }
         mk_grid_sync(a, MK_PH_ATTN);
 

@@ -310,7 +310,7 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
             ns_max = std::max(MK_NS_MIN, std::min(MK_NS_MAX, atoi(e)));
         }
         for (int m = 1; m <= MK_M; ++m) {
-            mk->smem[m] = mk_smem_plan(tab.data(), (int) tab.size(), m, mk->smem_bytes, ns_max);
+            mk->smem[m] = mk_smem_plan(tab.data(), (int) tab.size(), m, mk->smem_bytes, ns_max, mk_att_bytes(*model));
         }
         if (mk->smem[1].ns == 0) {
             int kmax = 0;

@@ -91,7 +91,7 @@ int main(int argc, char ** argv) {
         std::vector<mk_mvr> mvt(mk_mv_count(n_layer));
         mk_mv_table(M_, a, mvt.data());
         a.mvt = mvt.data();
-        const mk_smem L = mk_smem_plan(mvt.data(), (int) mvt.size(), M, smem, ns_max);
+        const mk_smem L = mk_smem_plan(mvt.data(), (int) mvt.size(), M, smem, ns_max, mk_att_bytes(M_));
         if (L.ns == 0) {
             printf("FAIL the model's mat-vecs do not fit in %d bytes of shared memory\n", smem);
             exit(1);
