@@ -322,7 +322,7 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
             ggml_cuda_mk_free(mk);
             return nullptr;
         }
-        if (getenv("LLAMA_MEGAKERNEL_PROFILE")) {
+        if (mk->d_prof) {   // LLAMA_MEGAKERNEL_PROFILE=1
             for (int m = 1; m <= MK_M; ++m) {
                 fprintf(stderr, "llama_mk: M=%d shared memory %d B: inputs %d + 8-bit %d B (%d columns per pass), %d weight stages per warp\n",
                         m, mk->smem_bytes, mk->smem[m].xs_bytes, mk->smem[m].xq_bytes, mk->smem[m].cols, mk->smem[m].ns);
