@@ -4,7 +4,13 @@ NVIDIA publishes the CUDA headers and ptxas as PyPI wheels; clang-19 compiles CU
 (`--cuda-path`, device side only: no fatbinary, no GPU). That checks the megakernel's CUDA sources
 and reports registers and spills on every CI run, between the rare runs on a lent GPU.
 
-    python -m harness.cuda_toolkit [--arch sm_90] FILE.cu ...   # compile check, ptxas report
+    python -m harness.cuda_toolkit [--arch sm_90] FILE.cu ...          # compile check, ptxas report
+    python -m harness.cuda_toolkit --sass [-I DIR ...] FILE.cu ...     # + per function: instructions, spills
+                                                                         #   and spills inside loops (nvdisasm)
+
+The SASS report reads the compiled code with nvdisasm (also a PyPI wheel): local-memory loads and stores
+(spills) inside a loop of a hot function cost every iteration an L1/L2 round trip; ptxas -v only gives
+per-function byte totals, and those include the cheap saves at a function's entry and exit.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ WHEELS = {
     "nvidia-cublas-cu12==12.8.4.1": ("nvidia/cublas/include/",),
 }
 VERSION = "12.8"
+# nvdisasm for the SASS report (its own wheel; any recent one reads sm_90 code)
+NVDISASM_WHEEL = "nvidia-cuda-nvdisasm==13.5.37"
 
 
 def toolkit_dir() -> Path:
@@ -75,8 +83,78 @@ def ensure_toolkit() -> Path:
     return tk
 
 
+def ensure_nvdisasm() -> Path:
+    """nvdisasm from its PyPI wheel, under the toolkit folder (fetched once)."""
+    exe = toolkit_dir().with_name(f"nvdisasm-{NVDISASM_WHEEL.split('==')[1]}") / "nvdisasm"
+    if exe.exists():
+        return exe
+    dl = config.cache_dir() / "downloads" / "cuda-wheels"
+    dl.mkdir(parents=True, exist_ok=True)
+    say(f"fetching nvdisasm ({NVDISASM_WHEEL}) from PyPI into {exe.parent} (once)")
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--platform", "manylinux2014_x86_64", "-d", str(dl), NVDISASM_WHEEL],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HarnessError(f"pip download of {NVDISASM_WHEEL} failed:\n{r.stderr[-2000:]}")
+    name, ver = NVDISASM_WHEEL.split("==")
+    whl = sorted(dl.glob(f"{name.replace('-', '_')}-{ver}-*.whl"))
+    if not whl:
+        raise HarnessError(f"{NVDISASM_WHEEL}: no wheel in {dl} after pip download")
+    with zipfile.ZipFile(whl[0]) as z:
+        member = next((m for m in z.namelist() if m.endswith("/bin/nvdisasm")), None)
+        if member is None:
+            raise HarnessError(f"{whl[0].name} holds no bin/nvdisasm")
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        tmp = exe.with_suffix(".tmp")
+        tmp.write_bytes(z.read(member))
+        tmp.chmod(0o755)
+        tmp.rename(exe)
+    return exe
+
+
+def sass_report(cubin: Path) -> dict[str, dict]:
+    """Per function of a cubin (the kernels and the device functions they call): 'instructions', 'spills' (local
+    loads/stores, STL/LDL) and 'loop_spills' (those between a backward branch and its target)."""
+    r = subprocess.run([str(ensure_nvdisasm()), "-c", "-sf", str(cubin)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HarnessError(f"nvdisasm {cubin} failed:\n{r.stderr[-2000:]}")
+    funcs: dict[str, list[tuple[int, str]]] = {}
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    cur = None
+    for line in r.stdout.splitlines():
+        t = line.strip()
+        m = re.match(r"^(\$?[A-Za-z_][\w$.]*):$", t)
+        if m and not t.startswith(".L") and not t.startswith(".text"):
+            cur = m.group(1).split("$")[-1] or m.group(1)
+            funcs.setdefault(cur, [])
+            continue
+        m = re.match(r"^(\.L_x_\d+):", t)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m and cur is not None:
+            addr = int(m.group(1), 16)
+            for lb in pending:
+                labels[lb] = addr
+            pending = []
+            funcs[cur].append((addr, m.group(2)))
+    out = {}
+    for name, ins in funcs.items():
+        loops = []
+        for addr, text in ins:
+            b = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
+            if b and labels.get(b.group(1), addr + 1) <= addr:
+                loops.append((labels[b.group(1)], addr))
+        spill = [a for a, text in ins if re.search(r"\b(STL|LDL)(\.\S+)?\s", text)]
+        out[name] = {"instructions": len(ins), "spills": len(spill),
+                     "loop_spills": sum(1 for a in spill if any(s0 <= a <= s1 for s0, s1 in loops))}
+    return out
+
+
 def compile_check(source: Path, includes: list[Path], arch: str = "sm_90", defines: list[str] | None = None) -> dict:
-    """Compile one .cu for the device only; return {'ok', 'log', 'registers', 'spill_stores', 'spill_loads'}."""
+    """Compile one .cu for the device only; return {'ok', 'log', 'cubin', 'registers', 'spill_stores', 'spill_loads'}."""
     clang = shutil.which("clang++-19")
     if not clang:
         raise HarnessError("clang++-19 is needed for the CUDA compile check (`./RUNBOOK.sh setup` installs it)")
@@ -88,7 +166,7 @@ def compile_check(source: Path, includes: list[Path], arch: str = "sm_90", defin
            "-o", str(out), "-Xcuda-ptxas", "-v", *[f"-I{p}" for p in includes], *[f"-D{d}" for d in defines or []]]
     r = subprocess.run(cmd, capture_output=True, text=True)
     log = r.stdout + r.stderr
-    res = {"ok": r.returncode == 0, "log": log, "cmd": " ".join(cmd)}
+    res = {"ok": r.returncode == 0, "log": log, "cmd": " ".join(cmd), "cubin": out}
     m = re.search(r"Used (\d+) registers", log)
     s = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     if m:
@@ -103,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sources", nargs="+", type=Path, help=".cu files to compile for the device")
     ap.add_argument("--arch", default="sm_90", help="GPU architecture (default sm_90, the H200)")
     ap.add_argument("-I", dest="includes", action="append", type=Path, default=[], help="include directory")
+    ap.add_argument("--sass", action="store_true",
+                    help="also print, per function, SASS instructions, spill loads/stores and those inside loops (nvdisasm)")
     args = ap.parse_args(argv)
     rc = 0
     for src in args.sources:
@@ -112,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         if not res["ok"]:
             print(res["log"][-4000:])
             rc = 1
+        elif args.sass:
+            print(f"  {'function':60s} {'instr':>7s} {'spills':>7s} {'in loops':>8s}")
+            for name, f in sass_report(res["cubin"]).items():
+                print(f"  {name[:60]:60s} {f['instructions']:7d} {f['spills']:7d} {f['loop_spills']:8d}")
     return rc
 
 

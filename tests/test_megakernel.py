@@ -122,6 +122,16 @@ def test_cuda_sources_compile_for_sm90(cpu_build):
     print(f"mk.cu for sm_90: registers {res.get('registers')}, spill stores {res.get('spill_stores')} B, "
           f"spill loads {res.get('spill_loads')} B")
     assert res["ok"], f"{res['cmd']}\n{res['log'][-6000:]}"
+    # register pressure in the hottest code: the one-token mat-vec's tile loop and the weight prefetch must not
+    # spill inside loops (session 7: spills there made every phase 30-60 % slower on the H200; ptxas -v only gives
+    # byte totals per function, including the cheap saves at entry and exit, so the SASS is read)
+    sass = cuda_toolkit.sass_report(res["cubin"])
+    for name, f in sass.items():
+        print(f"  {name[:70]:70s} instr {f['instructions']:6d} spills {f['spills']:4d} in loops {f['loop_spills']:4d}")
+    hot = {k: f for k, f in sass.items() if "mk_mv_runILi1E" in k or "mk_mv_begin" in k}
+    assert len(hot) == 2, f"mk_mv_run<1> / mk_mv_begin not found as functions in the SASS: {list(sass)}"
+    spilling = {k: f["loop_spills"] for k, f in hot.items() if f["loop_spills"]}
+    assert not spilling, f"spill loads/stores inside loops of the hot mat-vec code: {spilling}"
 
 
 def _build_test_mk(tmp_path: Path, build: Path) -> Path:
