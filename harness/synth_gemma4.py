@@ -61,9 +61,14 @@ class SynthParams:
     noise: float = 6.0            # scale of the layers' contributions to the residual stream (~1/3 of drafts accepted)
     n_ctx_train: int = 8192
     matrix_type: str = "Q4_0"     # type of the layer matrices (F16 for a reference without quantized weights)
+    n_vocab: int = 0              # 0: the whole tokenizer; else its first n_vocab tokens (a small LM head for
+                                  # emulated backends; the special tokens must lie below n_vocab)
 
     def key(self) -> str:
-        blob = json.dumps({"v": GENERATOR_VERSION, **asdict(self)}, sort_keys=True).encode()
+        d = asdict(self)
+        if not d["n_vocab"]:
+            del d["n_vocab"]  # the keys of models made before the field existed stay the same
+        blob = json.dumps({"v": GENERATOR_VERSION, **d}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -76,7 +81,9 @@ def _gguf():
     return gguf
 
 
-def _copy_tokenizer(gguf, reader, writer) -> int:
+def _copy_tokenizer(gguf, reader, writer, limit: int = 0) -> int:
+    """Copies the tokenizer.* metadata; limit > 0 keeps the first `limit` tokens (per-token arrays cut)."""
+    n_full = len(reader.fields["tokenizer.ggml.tokens"].data)
     n_vocab = 0
     for name, field in reader.fields.items():
         if not name.startswith("tokenizer."):
@@ -85,11 +92,16 @@ def _copy_tokenizer(gguf, reader, writer) -> int:
         if vtype == gguf.GGUFValueType.ARRAY:
             sub = field.types[1]
             val = field.contents()
+            if limit and len(val) == n_full:
+                val = val[:limit]
             if name == "tokenizer.ggml.tokens":
                 n_vocab = len(val)
             writer.add_key_value(name, val, vtype, sub_type=sub)
         else:
-            writer.add_key_value(name, field.contents(), vtype)
+            val = field.contents()
+            if limit and name.endswith("_token_id") and isinstance(val, int) and val >= limit:
+                raise ValueError(f"synth_gemma4: {name} = {val} is not below n_vocab = {limit}")
+            writer.add_key_value(name, val, vtype)
     if n_vocab == 0:
         raise RuntimeError("synth_gemma4: the tokenizer GGUF has no tokenizer.ggml.tokens")
     return n_vocab
@@ -168,7 +180,7 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
     reader = gguf.GGUFReader(str(tokenizer_gguf))
     rng = np.random.default_rng(p.seed)
 
-    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    n_vocab = p.n_vocab or len(reader.fields["tokenizer.ggml.tokens"].data)
     E = rng.standard_normal((n_vocab, p.n_embd), dtype=np.float32)  # token embeddings, rms 1
     perm = rng.permutation(n_vocab)
     inv = np.empty_like(perm)
@@ -205,7 +217,7 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
         w.add_embedding_length_per_layer_input(p.n_embd_per_layer)
         w.add_final_logit_softcapping(p.softcap)
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-        _copy_tokenizer(gguf, reader, w)
+        _copy_tokenizer(gguf, reader, w, p.n_vocab)
 
         t = _Tensors(gguf, w)
         t.add("token_embd.weight", E, "Q8_0")
@@ -249,7 +261,7 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
         w.add_feed_forward_length(p.n_ff)
         _common_attn_kv(gguf, w, p, p.assistant_pattern)
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-        _copy_tokenizer(gguf, reader, w)
+        _copy_tokenizer(gguf, reader, w, p.n_vocab)
 
         t = _Tensors(gguf, w)
         # the assistant sees x = E[t] * sqrt(n_embd) concatenated with the target's hidden state h;
@@ -313,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--noise", type=float, default=d.noise,
                     help="scale of the layers' residual contributions (higher: the target departs more "
                          "often from the permutation the assistant predicts)")
+    ap.add_argument("--n-vocab", type=int, default=d.n_vocab,
+                    help="keep only the tokenizer's first N tokens (a small LM head; 0: all)")
     ap.add_argument("--tokenizer-only", type=Path, metavar="OUT",
                     help="write only a tokenizer GGUF (for carrying to a GPU machine) to OUT and stop")
     args = ap.parse_args(argv)
@@ -321,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out_dir is None:
         ap.error("--out-dir is required")
-    p = SynthParams(seed=args.seed, window=args.window, noise=args.noise, matrix_type=args.matrix_type)
+    p = SynthParams(seed=args.seed, window=args.window, noise=args.noise, matrix_type=args.matrix_type,
+                    n_vocab=args.n_vocab)
     target, assistant = generate(args.out_dir, args.tokenizer_from, p)
     print(f"target:    {target}\nassistant: {assistant}\n"
           f"run: llama-server -m {target} --spec-type draft-mtp -md {assistant}")

@@ -94,6 +94,20 @@ foreach(item ${EMU_ALL_KERNELS})
     endforeach()
 endforeach()
 
+# the Gemma decode megakernel (stq-metal ggml-metal/mk): its kernel is translated from the same assembled
+# source a Mac compiles at run time (mk.cmake), registered like the ggml kernels
+if (GGML_MEGAKERNEL_DIR)
+    include(${EMU_DIR}/../mk/mk.cmake)
+    add_custom_command(
+        OUTPUT ${EMU_GEN}/mk_kernel_p0.cpp
+        COMMAND ${Python3_EXECUTABLE} ${EMU_DIR}/msl2cpp.py --source ${MK_METAL_SOURCE} --kernel mk_kernel --out ${EMU_GEN}/mk_kernel_p0.cpp
+        DEPENDS ${MK_METAL_SOURCE} ${EMU_DIR}/msl2cpp.py
+        COMMENT "metal-emu: translating the megakernel (ggml-metal/mk/mk-kernel.metal)"
+        VERBATIM)
+    list(APPEND EMU_GEN_SRCS ${EMU_GEN}/mk_kernel_p0.cpp)
+    list(APPEND EMU_INDEX_ITEMS "mk_kernel:1")
+endif()
+
 add_custom_command(
     OUTPUT ${EMU_GEN}/emu-kernels-index.cpp
     COMMAND ${Python3_EXECUTABLE} ${EMU_DIR}/msl2cpp.py --index --out ${EMU_GEN}/emu-kernels-index.cpp ${EMU_INDEX_ITEMS}
@@ -122,6 +136,10 @@ ggml_add_backend_library(ggml-metal
                          ${EMU_GEN}/emu-supports-op.inc
                          ${EMU_GEN_SRCS}
                         )
+
+if (GGML_MEGAKERNEL_DIR)
+    ggml_metal_mk_add(ggml-metal)
+endif()
 
 set_target_properties(ggml-metal PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
 target_include_directories(ggml-metal PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${EMU_DIR} ${EMU_GEN})

@@ -264,6 +264,19 @@ void ggml_metal_encoder_dispatch_threadgroups(ggml_metal_encoder_t encoder, int 
 void ggml_metal_encoder_memory_barrier(ggml_metal_encoder_t encoder) { GGML_UNUSED(encoder); }
 void ggml_metal_encoder_end_encoding (ggml_metal_encoder_t encoder) { GGML_UNUSED(encoder); }
 
+// a command buffer outside a graph (the megakernel's one dispatch per step, ggml-metal/mk): dispatches
+// run when encoded, so committing only reports whether one of them failed
+ggml_metal_cmd_buf_t ggml_metal_device_cmd_buf_init(ggml_metal_device_t dev) {
+    return new emu_cmd_buf{ dev, false };
+}
+
+bool ggml_metal_device_cmd_buf_commit_and_wait(ggml_metal_cmd_buf_t cmd_buf) {
+    emu_cmd_buf * cb = (emu_cmd_buf *) cmd_buf;
+    const bool ok = !cb->error;
+    delete cb;
+    return ok;
+}
+
 //
 // residency sets (no-op)
 //
