@@ -19,7 +19,7 @@ BENCHES = {
     "cuda": ("harness.bench_cuda", "CUDA STQ1_0 vs peers on the lent GPU"),
     "metal": ("harness.bench_metal", "Metal A/B kernels on a Mac"),
     "spec": ("harness.bench_spec", "cost of the batch-invariant CPU path (llama-bench, AB/BA)"),
-    "megakernel": ("harness.bench_megakernel", "Gemma decode megakernel vs the CUDA graph (tok/s, verify cost)"),
+    "megakernel": ("harness.bench_megakernel", "Gemma decode megakernel vs the CUDA/Metal graph (tok/s, verify cost)"),
     "rpc": ("harness.bench_rpc", "ggml-rpc on loopback vs one process: tok/s ratio and bytes per token"),
 }
 
@@ -42,6 +42,8 @@ def readiness(which_bench: str, system: str | None = None, machine: str | None =
     mod, _ = BENCHES[which_bench]
     if not importlib.util.find_spec(mod):
         return False, f"module {mod} does not exist yet"
+    if which_bench == "megakernel" and system == "Darwin" and machine == "arm64":
+        return True, "macOS arm64 (--backend metal)"
     if which_bench in ("cuda", "megakernel"):
         gpus = _cuda_gpus()
         if not gpus:

@@ -2,11 +2,21 @@
 
 One process, one model, two contexts (megakernel on / LLAMA_MEGAKERNEL=0), greedy decode timed in
 rounds of alternating order (AB/BA), medians and the median of the paired ratios; with --verify-cost
-also the time of one verify batch of M = 1..5 tokens over one token. Needs a CUDA build of the series
-(the megakernel is built in when the harness builds it) and a GPU; on the lent H200 run
+also the time of one verify batch of M = 1..5 tokens over one token. Needs a build of the series with
+the megakernel (the harness builds it in: CUDA, Metal, metal-emu) and its GPU; on the lent H200 run
 `bash megakernel/device.sh bench` (it makes the E4B-shaped model there).
 
     stq-metal bench megakernel --build BUILD_DIR --model MODEL.gguf [--rounds 6] [--tg 64] [--verify-cost]
+
+On a Mac (Apple silicon), from a checkout of this repository (README "Megakernel on a Mac"):
+
+    stq-metal bench megakernel --backend metal --check --verify-cost --model gemma-4-E2B-it-Q4_K_M.gguf \
+        --json mk-mac.json
+
+--backend metal builds the series for Metal (the harness cache) when --build is not given; --check first
+runs test-mk's correctness checks on a small synthetic gemma4 model and on --model (logits vs the Metal
+graph, greedy agreement, verify == decode bitwise for M = 2..8): the first time Apple's compiler and an
+Apple GPU run the kernel, these say whether it is right before its speed means anything.
 """
 
 from __future__ import annotations
@@ -60,10 +70,32 @@ def parse(out: str) -> dict:
     return res
 
 
+def check(exe: Path, model: Path, n: int) -> tuple[bool, str]:
+    """test-mk's correctness checks on one model (no timing): (passed, summary lines)."""
+    cmd = [str(exe), "-m", str(model), "-n", str(n), "--rounds", "0"]
+    print("running:", " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    lines = [x for x in out.splitlines() if x.startswith(("llama_mk:", "ggml_metal_mk", "teacher", "free", "verify", "test-mk"))
+             or "error" in x.lower()]
+    return r.returncode == 0 and "test-mk: passed" in out and "megakernel on" in out, "\n".join(lines)
+
+
+def synth_model() -> Path:
+    """The small synthetic gemma4 model of the metal-emu tests (F16 matrices, 4096 tokens, window 16)."""
+    from . import models, synth_gemma4
+    target, _ = synth_gemma4.ensure_pair(models.ensure_gemma(), p=synth_gemma4.SynthParams(
+        matrix_type="F16", n_vocab=4096, window=16))
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stq-metal bench megakernel", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", type=Path, required=True, help="CUDA build directory of the series (bin/ with libllama)")
+    ap.add_argument("--backend", choices=("cuda", "metal", "metal-emu"), help="with no --build: build the series "
+                    "for this backend (harness cache) and use that build")
+    ap.add_argument("--build", type=Path, help="build directory of the series (bin/ with libllama)")
     ap.add_argument("--model", type=Path, required=True, help="a gemma3/gemma4 GGUF")
+    ap.add_argument("--check", action="store_true", help="first check correctness (synthetic gemma4 model and --model)")
     ap.add_argument("--rounds", type=int, default=6, help="AB/BA rounds (default 6)")
     ap.add_argument("--tg", type=int, default=64, help="tokens generated per round (default 64)")
     ap.add_argument("--fa", type=int, choices=(0, 1), default=0, help="flash attention for the graph (default 0)")
@@ -72,8 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.model.is_file():
         raise HarnessError(f"model {args.model} does not exist")
+    if args.build is None:
+        if not args.backend:
+            raise HarnessError("give --build BUILD_DIR or --backend (cuda, metal, metal-emu) to build the series")
+        from . import build as buildmod
+        args.build = buildmod.ensure_build(args.backend, targets=("llama", "ggml"))
+    checks: dict = {}
     with tempfile.TemporaryDirectory() as td:
         exe = build_test_mk(args.build, Path(td) / "test-mk")
+        if args.check:
+            for name, model, n in (("synthetic gemma4", synth_model(), 32), (args.model.name, args.model, 32)):
+                ok, lines = check(exe, model, n)
+                checks[name] = {"passed": ok, "lines": lines}
+                print(f"check on {name}: {'passed' if ok else 'FAILED'}\n{lines}", flush=True)
         cmd = [str(exe), "-m", str(args.model), "-n", "8", "--rounds", str(args.rounds), "--bench-n", str(args.tg),
                "--fa", str(args.fa), "--max-nmse", "10", "--max-disagree", "100"]
         if args.verify_cost:
@@ -92,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         if f"verify_{who}" in res:
             costs = ", ".join(f"M={k}: {v:.2f}x" for k, v in res[f"verify_{who}"].items())
             print(f"verify cost / one token ({who}): {costs}")
+    if checks:
+        res["checks"] = checks
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))
-    return 0
+    return 0 if all(c["passed"] for c in checks.values()) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,84 @@
+"""The Metal megakernel inside llama.cpp on metal-emu (issue 13): ggml-metal's ggml_backend_mk_* (patch 0051,
+ggml-metal/mk/ggml-metal-mk.cpp) run kernel_mk_decode for llama.cpp's decode/verify batches.
+
+megakernel/tests/test-mk.cpp, built against the metal-emu build, holds two contexts on one model in one
+process: the megakernel (LLAMA_MEGAKERNEL=1) and llama.cpp's standard Metal graph (the oracle: ggml's own
+Metal kernels on the same emulated device). Checked on the synthetic gemma4 model (harness/synth_gemma4.py:
+sliding/global/shared-KV layers, proportional rope, per-layer inputs, softcap), made small for 2 CPU cores
+(the tokenizer's first 4096 tokens, sliding window 16 so that the steps cross it):
+  - teacher-forced logits, megakernel vs graph: NMSE per step below a bound, argmax agreement;
+  - verify == decode: a batch of M = 2..8 tokens gives each row the bits of M one-token steps;
+  - planted bugs must fail: grid barriers removed (LLAMA_MEGAKERNEL_DEBUG=1) and the barrier without its
+    device-scope fences (LLAMA_MEGAKERNEL_DEBUG=65536, MK_MTL_DEBUG_BARRIER_NO_FENCES in mk-plan.h).
+The emulated GPU has 1 core (GGML_METAL_EMU_GPU_CORES=1: 4 co-resident threadgroups of 256 threads), and the
+host sizes the grid from it. Subprocess timeouts only turn a hang into a failure; no test measures time.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from test_megakernel import _build_test_mk
+
+HANG = 900
+# megakernel vs the Metal graph: both read the same weights with float activations; what separates them is
+# float32 summation order (and the graph's F16 rounding of some intermediates). A wrong phase, lane mapping or
+# barrier costs orders of magnitude more (the planted bugs give NaN / NMSE >= 1e-2).
+MAX_NMSE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def test_mk(tmp_path_factory, metal_emu_build) -> Path:
+    return _build_test_mk(tmp_path_factory.mktemp("test_mk_metal"), metal_emu_build)
+
+
+def _synth(gemma_model: Path, matrix_type: str) -> Path:
+    from harness import synth_gemma4
+    p = synth_gemma4.SynthParams(matrix_type=matrix_type, n_vocab=4096, window=16)
+    target, _ = synth_gemma4.ensure_pair(gemma_model, p=p)
+    return target
+
+
+@pytest.fixture(scope="module")
+def synth_small(gemma_model):
+    return {mt: _synth(gemma_model, mt) for mt in ("F16", "Q4_0")}
+
+
+def _run(test_mk: Path, model: Path, n: int, **env) -> tuple[int, str]:
+    e = dict(os.environ, GGML_METAL_EMU_GPU_CORES="1")
+    for k in ("GGML_METAL_EMU_RESIDENCY", "GGML_METAL_EMU_ORDER", "GGML_METAL_EMU_TG_SCHED", "LLAMA_MEGAKERNEL_DEBUG",
+              "LLAMA_MEGAKERNEL_VARIANT", "GGML_METAL_MK_THREADGROUPS"):
+        e.pop(k, None)
+    e.update({k: str(v) for k, v in env.items()})
+    r = subprocess.run([str(test_mk), "-m", str(model), "-n", str(n), "--rounds", "0", "-c", "256", "--max-nmse", "1e-4"],
+                       capture_output=True, text=True, timeout=HANG, env=e)
+    out = r.stdout + r.stderr
+    print("\n".join(line for line in out.splitlines()
+                    if "llama_mk" in line or "ggml_metal_mk" in line or line.startswith(("verify", "teacher", "free", "test-mk"))))
+    return r.returncode, out
+
+
+@pytest.mark.parametrize("matrix_type", ["F16", "Q4_0"])
+def test_metal_megakernel_matches_metal_graph_and_verify_equals_decode(test_mk, synth_small, matrix_type):
+    rc, out = _run(test_mk, synth_small[matrix_type], 16)
+    assert "llama_mk: megakernel on MTL0" in out, "the megakernel did not turn on:\n" + out[-3000:]
+    assert re.search(r"ggml_metal_mk_create: kernel_mk_decode, 4 threadgroups", out), "grid not sized from the emulated device"
+    m = re.search(r"^teacher-forced 16 steps: NMSE mean \S+ max (\S+); argmax disagreements (\d+)", out, re.M)
+    assert m, out[-3000:]
+    assert float(m.group(1)) < MAX_NMSE and int(m.group(2)) == 0, m.group(0)
+    for M in range(2, 9):
+        assert f"verify M={M}: 0 of {M} rows differ from one-token decode" in out, out[-3000:]
+    assert rc == 0 and "test-mk: passed" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("flags,what", [("1", "grid barriers removed"), ("65536", "grid barrier without its fences")])
+def test_metal_megakernel_planted_barrier_bug_fails(test_mk, synth_small, flags, what):
+    rc, out = _run(test_mk, synth_small["F16"], 8, LLAMA_MEGAKERNEL_DEBUG=flags)
+    assert "llama_mk: megakernel on MTL0" in out, out[-3000:]
+    m = re.search(r"^teacher-forced 8 steps: NMSE mean \S+ max (\S+);", out, re.M)
+    assert m and not float(m.group(1)) < MAX_NMSE, f"{what} went unnoticed:\n" + out[-3000:]
+    assert rc != 0 and "test-mk: FAILED" in out, f"{what} went unnoticed:\n" + out[-3000:]
