@@ -114,3 +114,33 @@ def test_metal_megakernel_source_is_embedded_whole(tmp_path, metal_emu_build):
             if line.startswith(("#pragma once", '#include "')):
                 continue
             assert any(x == line for x in it), f"{part.name}: line missing or out of order in the embedded source: {line!r}"
+
+
+def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synth_small):
+    """llama-server with the megakernel on: speculative decoding (the Q4_0 model drafting for the F16 one: same
+    random weights, so most drafts are accepted and some rejected) gives the ids and log-probabilities of plain
+    greedy decoding, across the 16-token sliding window; both runs' decode/verify batches go through the kernel."""
+    import time
+
+    from harness import config, spec
+    t0 = time.time()
+    bin_dir = metal_emu_build / "bin"
+    if not (bin_dir / "llama-server").is_file():
+        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    target, draft = synth_small["F16"], synth_small["Q4_0"]
+    env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
+           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
+    prompts, n = spec.PROMPTS[:2], 40
+    base = ["-c", "512", "-ngl", "99", "-fa", "off"]
+    greedy = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, megakernel", timeout=600)
+    got = spec.run(bin_dir, target, prompts, n, env=env, timeout=600, label="draft k=4, megakernel",
+                   args=[*base, "-md", str(draft), "-ngld", "99", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
+                         "--spec-draft-n-min", "0"])
+    # the servers' logs (newest first) say the megakernel ran
+    logs = [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
+    assert len(logs) >= 2 and all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
+    c = spec.compare(greedy, got)
+    print(f"drafts accepted {got.draft_accepted}/{got.draft_n}; first token diffs {c.token_diffs}, logprob diffs {c.logprob_diffs}")
+    assert c.tokens_equal and c.bits_equal, (c.token_diffs, c.logprob_diffs)
+    assert got.draft_accepted > 0, "no draft accepted: the check proves nothing"
+    assert got.draft_accepted < got.draft_n, "no draft rejected: the KV rollback was not exercised"
