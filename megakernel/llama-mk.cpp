@@ -33,6 +33,7 @@ struct llama_mk {
     void                 * backend_mk = nullptr;
     ggml_mk_model          plan = {};
     bool                   iswa = false;
+    bool                   multi_stream = false; // non-unified KV cache of several sequences: one stream per sequence
 
     // host staging for one step
     std::vector<float>     embd;     // [n_tokens][n_embd]
@@ -199,6 +200,9 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
         LLAMA_LOG_INFO("llama_mk: megakernel off (LLAMA_MEGAKERNEL=%s; set LLAMA_MEGAKERNEL=1 to use it)\n", env ? env : "unset");
         return nullptr;
     }
+    if (hp.no_alloc) {
+        return nullptr; // a model without weight data (llama-server's memory fit probes contexts on one): nothing to plan
+    }
 
     auto off = [](const std::string & why) {
         LLAMA_LOG_INFO("llama_mk: megakernel off: %s; the standard graph runs every batch\n", why.c_str());
@@ -220,6 +224,7 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
 
     auto mk = llama_mk_ptr(new llama_mk());
     mk->model = &model;
+    mk->multi_stream = !cparams.kv_unified && cparams.n_seq_max > 1;
     ggml_mk_model & p = mk->plan;
     llama_mk_builder b;
 
@@ -418,17 +423,14 @@ bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_c
         }
     }
     // one KV stream per ubatch (a non-unified cache with -np N spreads a batch over N streams, each
-    // with its own cells and mask: not handled yet)
-    if (!mk->ctx_views) {
-        ggml_init_params ip = { (size_t) 4*GGML_MK_MAX_LAYERS*ggml_tensor_overhead(), nullptr, true };
-        mk->ctx_views = ggml_init(ip);
-    }
-    ggml_reset(mk->ctx_views);
-    for (int il = 0; il < mk->plan.n_layer; ++il) {
-        const int c = (mk->plan.layers[il].is_swa && kc[1]) ? 1 : 0;
-        if (kc[c]->get_k(mk->ctx_views, il)->ne[3] != 1) {
-            llama_mk_say_once(mk, "a batch across several KV streams (-np N without a unified KV cache)");
-            return false;
+    // with its own cells and mask: not handled yet). Decided from the sequences, not from a cache view:
+    // before apply() the memory context's n_kv is not set yet
+    if (mk->multi_stream) {
+        for (uint32_t i = 1; i < ubatch.n_tokens; ++i) {
+            if (ubatch.seq_id[i][0] != ubatch.seq_id[0][0]) {
+                llama_mk_say_once(mk, "a batch across several KV streams (-np N without a unified KV cache)");
+                return false;
+            }
         }
     }
     return true;
@@ -512,6 +514,10 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
     }
     // per-layer cache views (the layer a shared-KV layer reads resolves inside get_k/get_v); they start
     // at the ubatch's stream, while set_input_k_idxs counts rows from the start of the whole tensor
+    if (!mk->ctx_views) {
+        ggml_init_params ip = { (size_t) 4*GGML_MK_MAX_LAYERS*ggml_tensor_overhead(), nullptr, true };
+        mk->ctx_views = ggml_init(ip);
+    }
     ggml_reset(mk->ctx_views);
     int64_t first_cell[GGML_MK_N_CACHES] = { -1, -1 };
     for (int il = 0; il < p.n_layer; ++il) {

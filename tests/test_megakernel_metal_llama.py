@@ -130,17 +130,22 @@ def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synt
     target, draft = synth_small["F16"], synth_small["Q4_0"]
     env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
            "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
-    prompts, n = spec.PROMPTS[:2], 40
-    base = ["-c", "512", "-ngl", "99", "-fa", "off"]
+    prompts, n = spec.PROMPTS[:2], 24
+    base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]  # -lv 4: the llama_mk lines reach the log
     greedy = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, megakernel", timeout=600)
     got = spec.run(bin_dir, target, prompts, n, env=env, timeout=600, label="draft k=4, megakernel",
                    args=[*base, "-md", str(draft), "-ngld", "99", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
                          "--spec-draft-n-min", "0"])
-    # the servers' logs (newest first) say the megakernel ran
+    # both servers' logs say the megakernel ran
     logs = [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
     assert len(logs) >= 2 and all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
-    c = spec.compare(greedy, got)
-    print(f"drafts accepted {got.draft_accepted}/{got.draft_n}; first token diffs {c.token_diffs}, logprob diffs {c.logprob_diffs}")
-    assert c.tokens_equal and c.bits_equal, (c.token_diffs, c.logprob_diffs)
+    # ids and log-probabilities (the server merges the probabilities of tokens that end inside a UTF-8 character,
+    # frequent with the small vocabulary's byte tokens: compare the lists as the server returns them)
+    for g, h in zip(greedy.gens, got.gens):
+        assert g.tokens == h.tokens, f"token ids differ from greedy at {spec.first_diff(g.tokens, h.tokens)}"
+        assert len(g.tokens) == n and g.logprobs == h.logprobs, \
+            f"log-probabilities differ from greedy at {spec.first_diff(g.logprobs, h.logprobs)}"
+    print(f"drafts accepted {got.draft_accepted}/{got.draft_n}, {sum(len(g.tokens) for g in got.gens)} tokens and "
+          f"{sum(len(g.logprobs) for g in got.gens)} log-probabilities equal")
     assert got.draft_accepted > 0, "no draft accepted: the check proves nothing"
     assert got.draft_accepted < got.draft_n, "no draft rejected: the KV rollback was not exercised"
