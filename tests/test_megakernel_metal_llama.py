@@ -9,7 +9,9 @@ sliding/global/shared-KV layers, proportional rope, per-layer inputs, softcap), 
   - teacher-forced logits, megakernel vs graph: NMSE per step below a bound, argmax agreement;
   - verify == decode: a batch of M = 2..8 tokens gives each row the bits of M one-token steps;
   - planted bugs must fail: grid barriers removed (LLAMA_MEGAKERNEL_DEBUG=1) and the barrier without its
-    device-scope fences (LLAMA_MEGAKERNEL_DEBUG=65536, MK_MTL_DEBUG_BARRIER_NO_FENCES in mk-plan.h).
+    device-scope fences (LLAMA_MEGAKERNEL_DEBUG=65536, MK_MTL_DEBUG_BARRIER_NO_FENCES in mk-plan.h);
+  - llama-server with the megakernel on: speculative decoding gives greedy's ids and log-probabilities;
+  - the source a Mac compiles at run time (embedded by mk.cmake) is the one metal-emu translated, whole.
 The emulated GPU has 1 core (GGML_METAL_EMU_GPU_CORES=1: 4 co-resident threadgroups of 256 threads), and the
 host sizes the grid from it. Subprocess timeouts only turn a hang into a failure; no test measures time.
 """
