@@ -24,8 +24,33 @@
 #include <string>
 #include <vector>
 
+// the first index of the largest value (std::max_element's answer), in two passes the compiler vectorises: the greedy
+// loop's host share stays ~50 us per 262144 logits instead of ~800 us (which both contexts would pay: it diluted the
+// speed ratio); NaN-free logits assumed, as the checks below already require
 static int argmax(const float * x, int n) {
-    return (int) (std::max_element(x, x + n) - x);
+    float m[8];
+    for (int j = 0; j < 8; ++j) {
+        m[j] = -INFINITY;
+    }
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int j = 0; j < 8; ++j) {
+            m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+        }
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < 8; ++j) {
+        mx = m[j] > mx ? m[j] : mx;
+    }
+    for (; i < n; ++i) {
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    for (i = 0; i < n; ++i) {
+        if (x[i] == mx) {
+            return i;
+        }
+    }
+    return (int) (std::max_element(x, x + n) - x);   // only NaNs left
 }
 
 static float margin(const float * x, int n) {
