@@ -6,15 +6,15 @@
 #            --tokenizer-only .dev/mk/tokenizer.gguf   # (once) the tokenizer the models need
 # There: run(command="bash megakernel/device.sh STAGES", carry=[".dev"])
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
-#   bench, profile (per-phase times inside the launch), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
+#   bench, profile (per-phase times inside the launch), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), sanitize. Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
 #   GPU (megakernel/synth_gpu.py), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
-#     split -b 45M "$(.venv/bin/stq-metal model)" /tmp/g3.   # here, once
-#     for each piece P: cp P .dev/mk/piece && run("bash megakernel/device.sh receive") in quick succession
+#     split -n 4 -d "$(.venv/bin/stq-metal model)" .dev/mk/g3.   # here, once: 4 pieces of < 61 MiB
+#     for each piece P: run("MK_PIECE=P bash megakernel/device.sh receive", carry=[P]) in quick succession
 #     (the machine keeps /tmp only while warm: 30 s between calls); the last call verifies the sha256.
 set -uo pipefail
 
@@ -33,6 +33,7 @@ log() { echo "== $(date -u +%T) $*"; }
 
 unpack() {
     local sum
+    [ -f "$DEV/cuda/src.tar.xz" ] || return 0   # (a call that only carries a model piece)
     sum="$(sha256sum "$DEV/cuda/src.tar.xz" | cut -c1-16)"
     if [ ! -f "$SRC/.packed-$sum" ]; then
         rm -rf "$SRC" && mkdir -p "$SRC" && tar -xJf "$DEV/cuda/src.tar.xz" -C "$SRC" && touch "$SRC/.packed-$sum"
@@ -89,7 +90,7 @@ GEMMA3_BYTES=253113024
 
 stage_receive() {
     local part="$MODELS/gemma3.gguf.part"
-    cat "$DEV/mk/piece" >> "$part" || return 1
+    cat "${MK_PIECE:-$DEV/mk/piece}" >> "$part" || return 1
     local have
     have=$(stat -c %s "$part")
     log "gemma3: $have of $GEMMA3_BYTES bytes"
@@ -169,6 +170,16 @@ stage_ncusrc() {
     ncu -i "$WORK/mk-src.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-sass.csv" 2>&1 || \
         ncu -i "$WORK/mk-src.ncu-rep" --page source --csv > "$OUT/ncu-sass.csv" 2>&1
     ls -la "$OUT/ncu-raw.csv" "$OUT/ncu-sass.csv"; head -c 600 "$OUT/ncu-sass.csv"; echo
+}
+
+# llama-server with the megakernel: speculative (draft-mtp k = 1..4, and -np 2) == greedy (megakernel/server_check.py);
+# needs a build with llama-server (MK_TARGETS) and the small pair (MK_MODELS with small)
+stage_server() {
+    log "llama-server: speculative == greedy with the megakernel (synthetic gemma4 pair)"
+    STQ_METAL_CACHE="$WORK/cache" python3 "$HERE/megakernel/server_check.py" --bin "$BLD/bin" \
+        --target "$MODELS/small/gemma4-synth-target.gguf" --assistant "$MODELS/small/gemma4-synth-assistant.gguf" \
+        --json "$OUT/server.json" 2>&1 | tee -a "$OUT/server.log" | grep -v "^\[stq-metal\]" | tail -24
+    return "${PIPESTATUS[0]}"
 }
 
 stage_sanitize() {
