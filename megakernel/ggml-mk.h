@@ -117,8 +117,6 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 #define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a
                                               // counter per (token, head)), not one block per (token, head) where it fits
-#define GGML_MK_VAR_DESC_GLOBAL       0x2000  // (before) a mat-vec's descriptor copied from global memory when it begins, not
-                                              // prefetched into shared memory while the mat-vec before it runs
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

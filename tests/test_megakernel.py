@@ -96,9 +96,9 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 
 # default: little shared memory (verify mat-vecs in passes of 2 columns, 3 weight stages per warp); big: an H200's
 # with up to 8 stages (one pass, 6 weight stages per warp fit; attention one block per (token, head) throughout);
-# 0x3c00: GGML_MK_VAR_DESC_GLOBAL | GGML_MK_VAR_DEVICE_ATT | GGML_MK_VAR_GENERIC_M | GGML_MK_VAR_ALL_CHUNKS (in the default run the attention's
+# 0x1c00: GGML_MK_VAR_DEVICE_ATT | GGML_MK_VAR_GENERIC_M | GGML_MK_VAR_ALL_CHUNKS (in the default run the attention's
 # partial results fit in shared memory for some steps and not for others: both ways)
-EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"]}
+EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x1c00": ["--variant", "0x1c00"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))

@@ -274,15 +274,10 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
 
 // (the kernel reads it in place, from the block's copy in shared memory: no per-thread copy in registers or local
 // memory, and fields of job j indexed directly)
-// self: its index in the table; next: the index of the mat-vec the kernel begins after it (-1: none), so that
-// every block copies the next descriptor into shared memory while it runs this one (16-byte copies: the size is a
-// multiple of 16 and the table 16-byte aligned)
-struct alignas(16) mk_mvr {
+struct mk_mvr {
     mk_jr j[3];
     int   pair, units, norm;
-    int   self, next;
 };
-static_assert(sizeof(mk_mvr) % 16 == 0, "mk_mvr is copied in 16-byte pieces");
 
 // field f of job j (0..2) of R
 #define MK_J(R, jb, f) ((R).j[jb].f)
@@ -365,42 +360,11 @@ static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int 
     return mv;
 }
 
-// the order in which the kernel begins the mat-vecs (mk_decode_kernel): the per-layer projection (Gemma 4), per
-// layer q/k/v, o, gate/up, down (and the per-layer gate and projection of Gemma 4), the LM head; returns the count
-MK_HOSTDEV int mk_mv_order(const ggml_mk_model & md, int * order) {
-    const bool ple = md.n_embd_pl > 0;
-    int n = 0;
-    if (ple) {
-        order[n++] = 0;
-    }
-    for (int il = 0; il < md.n_layer; ++il) {
-        order[n++] = mk_mv_index(il, MK_MV_QKV);
-        order[n++] = mk_mv_index(il, MK_MV_O);
-        order[n++] = mk_mv_index(il, MK_MV_FFN);
-        order[n++] = mk_mv_index(il, MK_MV_DOWN);
-        if (ple) {
-            order[n++] = mk_mv_index(il, MK_MV_PL_GATE);
-            order[n++] = mk_mv_index(il, MK_MV_PL_PROJ);
-        }
-    }
-    order[n++] = mk_mv_count(md.n_layer) - 1;
-    return n;
-}
-
-// host: the whole table (mk_mv_count(md.n_layer) entries), each entry linked to the one begun after it
+// host: the whole table (mk_mv_count(md.n_layer) entries)
 static inline void mk_mv_table(const ggml_mk_model & md, const mk_args & a, mk_mvr * tab) {
-    const int count = mk_mv_count(md.n_layer);
-    for (int i = 0; i < count; ++i) {
+    for (int i = 0; i < mk_mv_count(md.n_layer); ++i) {
         tab[i] = mk_mvr_of(mk_mv_desc(md, a, i));
-        tab[i].self = i;
-        tab[i].next = -1;
     }
-    int * order = new int[count];
-    const int n = mk_mv_order(md, order);
-    for (int k = 0; k + 1 < n; ++k) {
-        tab[order[k]].next = order[k + 1];
-    }
-    delete[] order;
 }
 
 MK_HOSTDEV bool mk_is_q8dot(int type) {
@@ -1519,7 +1483,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // threads per call, far more than the L1 left beside the shared memory, so every phase paid L2 round trips.)
     MK_SHARED(mk_args, s_a, 1);
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
-    MK_SHARED(mk_mvr,  s_mv, 2);   // its descriptor (from the table), and the next one's, being copied
+    MK_SHARED(mk_mvr,  s_mv, 1);   // its descriptor (from the table)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
     }
@@ -1550,44 +1514,16 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     const bool ple = md.n_embd_pl > 0;
 
     // begin(idx): every warp issues its first weight tiles of mat-vec idx (mk_mv_index; typically before the
-    // barrier that precedes it); run(fx): thread 0 writes the inputs fx() makes, then the mat-vec begun last.
-    // The descriptors: s_mv[cur] is the mat-vec begun last; warp 0 copies the next one (mk_mvr.next, the order of
-    // mk_mv_order) into the other slot asynchronously, so no begin waits for a global load (variant DESC_GLOBAL: the
-    // copy at begin, as before)
-    const bool desc_pre = !(md.debug_flags & GGML_MK_VAR_DESC_GLOBAL);
-    int cur = 1;
-    auto fetch_desc = [&](int idx, int slot) {   // (warp 0; one copy group, older than the tiles begun after it)
-        if (threadIdx.x < WARP_SIZE) {
-            if (threadIdx.x < (int) (sizeof(mk_mvr)/16)) {
-                mk_cp_async16((uint8_t *) (s_mv + slot) + 16*threadIdx.x, (const uint8_t *) (a.mvt + idx) + 16*threadIdx.x);
-            }
-            mk_cp_async_commit();
-        }
-    };
-    if (desc_pre) {
-        fetch_desc(ple ? 0 : mk_mv_index(0, MK_MV_QKV), 0);
-    }
+    // barrier that precedes it); run(fx): thread 0 writes the inputs fx() makes, then the mat-vec begun last
     auto begin = [&](int idx) {
-        // (the mat-vec before has ended: its last barrier is behind every thread, and every tile copy it made is
-        // consumed, so the wait below waits for the descriptor alone)
-        if (desc_pre) {
-            mk_cp_async_wait<0>();
-            __syncthreads();
-            cur ^= 1;
-            if (s_mv[cur].self != idx) {
-                MK_TRAP();   // the kernel's order and mk_mv_order disagree
-            }
-            if (s_mv[cur].next >= 0) {
-                fetch_desc(s_mv[cur].next, cur ^ 1);
-            }
-        } else {
-            const unsigned * src = (const unsigned *) (a.mvt + idx);
-            for (int i = threadIdx.x; i < (int) (sizeof(mk_mvr)/sizeof(unsigned)); i += MK_THREADS) {
-                ((unsigned *) (s_mv + cur))[i] = src[i];
-            }
-            __syncthreads();
+        // (the mat-vec before has ended: its last barrier is behind every thread)
+        static_assert(sizeof(mk_mvr) % sizeof(unsigned) == 0, "mk_mvr is copied in words");
+        const unsigned * src = (const unsigned *) (a.mvt + idx);
+        for (int i = threadIdx.x; i < (int) (sizeof(mk_mvr)/sizeof(unsigned)); i += MK_THREADS) {
+            ((unsigned *) s_mv)[i] = src[i];
         }
-        mk_mv_begin(s_mv[cur], ws, a.ns);
+        __syncthreads();
+        mk_mv_begin(s_mv[0], ws, a.ns);
     };
     auto run = [&](auto fx) {
         if (threadIdx.x == 0) {
@@ -1596,9 +1532,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         __syncthreads();
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
-            mk_mv_run<1>(s_mv[cur], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
+            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
         } else {
-            mk_mv_run<MK_M>(s_mv[cur], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
+            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
         }
     };
     auto plain = [&](const float * in, int ld) {
