@@ -386,12 +386,16 @@ static bool llama_mk_caches(llama_memory_context_i * mctx, const llama_kv_cache_
     return false;
 }
 
-bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx) {
+bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, const char * no) {
     if (!mk) {
         return false;
     }
     if (ubatch.n_tokens > GGML_MK_MAX_TOKENS) {
         return false; // prefill: the standard graph, no log line per prompt
+    }
+    if (no) {
+        llama_mk_say_once(mk, no);
+        return false;
     }
     if (!ubatch.token) {
         llama_mk_say_once(mk, "embedding inputs (not tokens)");

@@ -21,8 +21,9 @@ using llama_mk_ptr = std::unique_ptr<llama_mk, llama_mk_deleter>;
 llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cparams);
 
 // whether the megakernel takes this ubatch (decode/verify of up to GGML_MK_MAX_TOKENS tokens, all
-// else the standard graph); logs the first occurrence of each reason for not taking it
-bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx);
+// else the standard graph); logs the first occurrence of each reason for not taking it. no: why the
+// context cannot take the megakernel's output for this batch (it wants more than logits), or nullptr
+bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, const char * no = nullptr);
 
 // applies mctx (the ubatch's KV cells) and evaluates the ubatch: K/V rows written to the cache, the
 // logits of the ubatch's output tokens (ubatch.output order) written to logits_out; false = error
