@@ -85,7 +85,7 @@ def main() -> int:
         ok = c.tokens_equal and c.bits_equal and got.draft_accepted > 0 and got.mk_on
         print(("ok: " if ok else "FAIL: ") + spec.summary(greedy, got, c))
         results[label] = {"ok": ok, "tokens_equal": c.tokens_equal, "bits_equal": c.bits_equal,
-                          "draft_n": got.draft_n, "draft_accepted": got.draft_accepted, "tok_s": got.tok_per_s}
+                          "draft_n": got.draft_n, "draft_accepted": got.draft_accepted, "tok_s": got.n_tokens/got.seconds if got.seconds else 0.0}
         fails += not ok
 
     print(f"server_check: {'FAILED' if fails else 'passed'} ({fails} failing)")
