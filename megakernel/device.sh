@@ -172,12 +172,13 @@ stage_ncusrc() {
     ls -la "$OUT/ncu-raw.csv" "$OUT/ncu-sass.csv"; head -c 600 "$OUT/ncu-sass.csv"; echo
 }
 
-# llama-server with the megakernel: speculative (draft-mtp k = 1..4, and -np 2) == greedy (megakernel/server_check.py);
-# needs a build with llama-server (MK_TARGETS) and the small pair (MK_MODELS with small)
+# llama-server with the megakernel: speculative (draft-simple k = 1..4, and -np 2) == greedy (megakernel/server_check.py);
+# needs a build with llama-server (MK_TARGETS) and the models small and small-f16
 stage_server() {
     log "llama-server: speculative == greedy with the megakernel (synthetic gemma4 pair)"
     STQ_METAL_CACHE="$WORK/cache" python3 "$HERE/megakernel/server_check.py" --bin "$BLD/bin" \
-        --target "$MODELS/small/gemma4-synth-target.gguf" --assistant "$MODELS/small/gemma4-synth-assistant.gguf" \
+        --target "$MODELS/small-f16/gemma4-synth-target.gguf" --draft "$MODELS/small/gemma4-synth-target.gguf" \
+        --assistant "$MODELS/small-f16/gemma4-synth-assistant.gguf" \
         --json "$OUT/server.json" 2>&1 | tee -a "$OUT/server.log" | grep -v "^\[stq-metal\]" | tail -24
     return "${PIPESTATUS[0]}"
 }

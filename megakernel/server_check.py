@@ -1,15 +1,19 @@
 """llama-server with the megakernel on a GPU: speculative decoding must give greedy's ids and log-probabilities.
 
 Run on the device machine by `megakernel/device.sh server` (after `build` with llama-server and `models` with the
-synthetic gemma4 pair); no GPU here. Every server runs with LLAMA_MEGAKERNEL=1 unless said otherwise, and its log
-must say that the megakernel is on. Checks, each against plain greedy decoding with the megakernel (-np 1):
-  - draft-mtp (the pair's assistant) with k = 1..4, one slot: ids and log-probabilities equal;
-  - draft-mtp k = 3 with two slots (-np 2) and the prompts sent at once: equal (k = 3: two slots' verify batches
-    of 4 tokens still fit one megakernel step of <= 8 tokens);
+synthetic gemma4 models small-f16 and small: the same random weights in F16 and Q4_0); no GPU here. Every server runs
+with LLAMA_MEGAKERNEL=1 unless said otherwise, and its log must say that the megakernel is on. Checks, each against
+plain greedy decoding of the F16 target with the megakernel (-np 1):
+  - draft-simple with the Q4_0 model as the draft (most drafts accepted, some rejected), k = 1..4, one slot: ids and
+    log-probabilities equal (the target's decode and verify batches are megakernel steps; rejected drafts roll back);
+  - the same with k = 3, two slots (-np 2 -kvu: one KV stream) and the prompts sent at once: equal (two slots' verify batches of 4 tokens
+    still fit one megakernel step of <= 8 tokens);
+  - draft-mtp (the pair's assistant) wants the target's hidden states, which the megakernel does not produce: the
+    server must log why it takes the standard graph instead ("hidden states for an MTP draft"); ids reported only;
   - the standard graph (LLAMA_MEGAKERNEL=0), greedy: reported (agreement with the megakernel; not judged).
 160 generated tokens cross the synthetic model's 128-token sliding window. Exit status 1 when a check fails.
 
-    python3 megakernel/server_check.py --bin BUILD/bin --target T.gguf --assistant A.gguf [--json OUT.json]
+    python3 megakernel/server_check.py --bin BUILD/bin --target F16.gguf --draft Q4_0.gguf --assistant A.gguf [--json OUT]
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ def mtp_args(assistant: Path, k: int) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, type=Path, help="build's bin directory (llama-server)")
-    ap.add_argument("--target", required=True, type=Path, help="synthetic gemma4 target GGUF")
-    ap.add_argument("--assistant", required=True, type=Path, help="its MTP assistant GGUF")
+    ap.add_argument("--target", required=True, type=Path, help="synthetic gemma4 target GGUF (F16 matrices)")
+    ap.add_argument("--draft", required=True, type=Path, help="the same model with Q4_0 matrices (the draft)")
+    ap.add_argument("--assistant", required=True, type=Path, help="the target's MTP assistant GGUF")
     ap.add_argument("--prompts", type=int, default=4, help="prompts of harness.spec.PROMPTS to use (default 4)")
     ap.add_argument("--json", type=Path, help="write the results here")
     a = ap.parse_args()
@@ -51,11 +56,12 @@ def main() -> int:
         t0 = time.time()
         r = spec.run(a.bin, a.target, prompts, N_PREDICT, args=[*BASE, *args], env=env, concurrent=concurrent,
                      label=label, timeout=600)
-        logs = [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
-        on = any("llama_mk: megakernel on CUDA" in x for x in logs)
+        log = "\n".join(p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0)
+        on = "llama_mk: megakernel on CUDA" in log
         print(f"{label}: {r.n_tokens} tokens in {r.seconds:.2f} s, drafts {r.draft_accepted}/{r.draft_n}, "
               f"megakernel {'on' if on else 'OFF'}")
         r.mk_on = on  # type: ignore[attr-defined]
+        r.log = log  # type: ignore[attr-defined]
         return r
 
     greedy = server_run("greedy, megakernel", ["-np", "1"], mk)
@@ -71,8 +77,13 @@ def main() -> int:
     except (RuntimeError, ValueError) as e:
         print(f"megakernel vs graph: not comparable: {e}")
 
-    cases = [(f"draft-mtp k={k}, megakernel", mtp_args(a.assistant, k) + ["-np", "1"], False) for k in (1, 2, 3, 4)]
-    cases.append(("draft-mtp k=3, -np 2 concurrent, megakernel", mtp_args(a.assistant, 3) + ["-np", "2"], True))
+    def draft_args(k: int) -> list[str]:
+        return ["-md", str(a.draft), "-ngld", "99", "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                "--spec-draft-n-min", "0"]
+
+    cases = [(f"draft-simple k={k}, megakernel", draft_args(k) + ["-np", "1"], False) for k in (1, 2, 3, 4)]
+    # (-kvu: one KV stream for both slots, so a batch of both slots' tokens is one megakernel step)
+    cases.append(("draft-simple k=3, -np 2 -kvu concurrent, megakernel", draft_args(3) + ["-np", "2", "-kvu"], True))
     for label, args, conc in cases:
         got = server_run(label, args, mk, concurrent=conc)
         try:
@@ -82,11 +93,19 @@ def main() -> int:
             results[label] = {"ok": False, "error": str(e)}
             fails += 1
             continue
-        ok = c.tokens_equal and c.bits_equal and got.draft_accepted > 0 and got.mk_on
+        ok = c.tokens_equal and c.bits_equal and 0 < got.draft_accepted < got.draft_n and got.mk_on
         print(("ok: " if ok else "FAIL: ") + spec.summary(greedy, got, c))
         results[label] = {"ok": ok, "tokens_equal": c.tokens_equal, "bits_equal": c.bits_equal,
-                          "draft_n": got.draft_n, "draft_accepted": got.draft_accepted, "tok_s": got.n_tokens/got.seconds if got.seconds else 0.0}
+                          "draft_n": got.draft_n, "draft_accepted": got.draft_accepted,
+                          "tok_s": got.n_tokens/got.seconds if got.seconds else 0.0}
         fails += not ok
+
+    # draft-mtp: the target falls back to the graph, and says why
+    mtp = server_run("draft-mtp k=3, megakernel on (falls back)", mtp_args(a.assistant, 3) + ["-np", "1"], mk)
+    said = "hidden states for an MTP draft" in mtp.log
+    print(("ok" if said else "FAIL") + ": the draft-mtp server's log names why the megakernel declines the target's batches")
+    fails += not said
+    results["draft-mtp fallback logged"] = said
 
     print(f"server_check: {'FAILED' if fails else 'passed'} ({fails} failing)")
     if a.json:

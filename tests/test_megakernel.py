@@ -148,11 +148,14 @@ def _build_test_mk(tmp_path: Path, build: Path) -> Path:
 def test_cpu_build_keeps_the_graph_and_verify_equals_decode(tmp_path, cpu_build, gemma_model):
     exe = _build_test_mk(tmp_path, cpu_build)
     env = dict(os.environ, GGML_CPU_BATCH_INVARIANT="32")
-    r = subprocess.run([str(exe), "-m", str(gemma_model), "-n", "6", "--rounds", "0", "-c", "512"],
+    # --cpu-ref: the CPU reference context's code path (here all three contexts are the CPU's graph: NMSE 0)
+    r = subprocess.run([str(exe), "-m", str(gemma_model), "-n", "6", "--rounds", "0", "-c", "512", "--cpu-ref"],
                        capture_output=True, text=True, timeout=600, env=env)
     out = r.stdout + r.stderr
-    print("\n".join(line for line in out.splitlines() if "llama_mk" in line or line.startswith(("verify", "teacher", "free", "test-mk"))))
+    print("\n".join(line for line in out.splitlines() if "llama_mk" in line or line.startswith(("verify", "teacher", "free", "test-mk", "vs the CPU"))))
     assert re.search(r"llama_mk: megakernel off: .*host memory", out), "no log line saying why the megakernel is off"
+    assert re.search(r"vs the CPU, 6 teacher-forced steps: megakernel NMSE mean 0 max 0, argmax agrees 6; graph NMSE mean 0 "
+                     r"max 0, argmax agrees 6: ok", out), out[-3000:]
     assert "verify == decode (bitwise), M = 2..8: ok" in out, out[-3000:]
     assert r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
 

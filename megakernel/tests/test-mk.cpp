@@ -10,6 +10,9 @@
 //  4. speed: greedy tok/s A vs B, rounds in AB/BA order, medians and the median of paired ratios;
 //  5. with --verify-cost: the time of one M-token verify batch over one-token steps, M = 1..5, on A
 //     and on B (rounds alternate the order of M);
+//  1b. with --cpu-ref: a third context on a CPU copy of the model (no offload) in the same teacher-forced steps: NMSE
+//     and argmax agreement of the megakernel and of the graph against it; fails when the megakernel is further from
+//     the CPU than the graph is (mean NMSE more than 2x the graph's + 1e-6);
 //  6. with --variant BITS: a third context C, the megakernel with LLAMA_MEGAKERNEL_VARIANT=BITS (a
 //     candidate kernel change, ggml-mk.h GGML_MK_VAR_*): its logits must equal A's bit for bit over the
 //     teacher-forced steps, and its speed is measured against A's (AB/BA, median of paired ratios).
@@ -67,7 +70,17 @@ struct ctx_t {
     int n_vocab = 0;
 };
 
-static ctx_t make_ctx(llama_model * model, bool mk, int n_ctx, int fa, const std::string & variant = "") {
+static double nmse(const float * x, const float * ref, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; ++i) {
+        num += (double) (x[i] - ref[i])*(x[i] - ref[i]);
+        den += (double) ref[i]*ref[i];
+    }
+    const double r = num/std::max(den, 1e-30);
+    return std::isfinite(r) ? r : INFINITY;   // NaN logits must fail a bound, not slip past std::max
+}
+
+static ctx_t make_ctx(llama_model * model, bool mk, int n_ctx, int fa, const std::string & variant = "", bool offload = true) {
     const char * saved = getenv("LLAMA_MEGAKERNEL");
     const std::string keep = saved ? saved : "";
     setenv("LLAMA_MEGAKERNEL", mk ? "1" : "0", 1);
@@ -79,6 +92,7 @@ static ctx_t make_ctx(llama_model * model, bool mk, int n_ctx, int fa, const std
     cp.n_batch = 512;
     cp.n_ubatch = 512;
     cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.op_offload = offload;
     ctx_t c;
     c.ctx = llama_init_from_model(model, cp);
     if (!c.ctx) {
@@ -164,7 +178,7 @@ int main(int argc, char ** argv) {
     std::string prompt_text = "The history of the printing press begins in";
     int n_steps = 128, fa = 0, rounds = 6, bench_n = 64, n_ctx = 2048, max_disagree = -1;
     double max_nmse = 1e-4;
-    bool verify_cost = false;
+    bool verify_cost = false, cpu_ref = false;
     std::string variant;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -179,8 +193,9 @@ int main(int argc, char ** argv) {
         else if (a == "--max-nmse") max_nmse = std::stod(next());
         else if (a == "--max-disagree") max_disagree = std::stoi(next());
         else if (a == "--verify-cost") verify_cost = true;
+        else if (a == "--cpu-ref") cpu_ref = true;
         else if (a == "--variant") variant = next();
-        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost] [--variant BITS]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost] [--cpu-ref] [--variant BITS]\n", argv[0]); return 2; }
     }
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
@@ -197,6 +212,18 @@ int main(int argc, char ** argv) {
 
     ctx_t A = make_ctx(model, true, n_ctx, fa);
     ctx_t B = make_ctx(model, false, n_ctx, fa);
+    llama_model * model_cpu = nullptr;
+    ctx_t R;
+    if (cpu_ref) {
+        llama_model_params mpc = llama_model_default_params();
+        mpc.n_gpu_layers = 0;
+        model_cpu = llama_model_load_from_file(model_path.c_str(), mpc);
+        if (!model_cpu) {
+            fprintf(stderr, "test-mk: cannot load %s for the CPU\n", model_path.c_str());
+            return 2;
+        }
+        R = make_ctx(model_cpu, false, n_ctx, fa, "", false);
+    }
     const int nv = A.n_vocab;
     int fails = 0;
 
@@ -204,23 +231,31 @@ int main(int argc, char ** argv) {
     {
         prefill(A, prompt);
         prefill(B, prompt);
+        if (cpu_ref) {
+            prefill(R, prompt);
+        }
         double worst = 0, sum_nmse = 0;
+        double ref_sum[2] = {0, 0}, ref_max[2] = {0, 0};   // megakernel, graph vs the CPU
+        int ref_agree[2] = {0, 0};
         int disagree = 0;
         float worst_margin = 0;
         for (int s = 0; s < n_steps; ++s) {
             const float * la = llama_get_logits_ith(A.ctx, -1);
             const float * lb = llama_get_logits_ith(B.ctx, -1);
-            double num = 0, den = 0;
-            for (int i = 0; i < nv; ++i) {
-                num += (double) (la[i] - lb[i])*(la[i] - lb[i]);
-                den += (double) lb[i]*lb[i];
+            const double e = nmse(la, lb, nv);
+            worst = std::max(worst, e);
+            sum_nmse += e;
+            if (cpu_ref) {
+                const float * lr = llama_get_logits_ith(R.ctx, -1);
+                const int tr = argmax(lr, nv);
+                const float * lx[2] = { la, lb };
+                for (int k = 0; k < 2; ++k) {
+                    const double ek = nmse(lx[k], lr, nv);
+                    ref_sum[k] += ek;
+                    ref_max[k] = std::max(ref_max[k], ek);
+                    ref_agree[k] += argmax(lx[k], nv) == tr;
+                }
             }
-            double nmse = num/std::max(den, 1e-30);
-            if (!std::isfinite(nmse)) {
-                nmse = INFINITY;   // NaN logits must fail the bound, not slip past std::max
-            }
-            worst = std::max(worst, nmse);
-            sum_nmse += nmse;
             const int ta = argmax(la, nv), tb = argmax(lb, nv);
             if (ta != tb) {
                 ++disagree;
@@ -229,6 +264,16 @@ int main(int argc, char ** argv) {
             }
             step(A, tb, np + s);
             step(B, tb, np + s);
+            if (cpu_ref) {
+                step(R, tb, np + s);
+            }
+        }
+        if (cpu_ref) {
+            const bool ok_ref = ref_sum[0] <= 2.0*ref_sum[1] + 1e-6*n_steps;
+            printf("vs the CPU, %d teacher-forced steps: megakernel NMSE mean %.3g max %.3g, argmax agrees %d; graph NMSE mean %.3g max %.3g, argmax agrees %d: %s\n",
+                   n_steps, ref_sum[0]/n_steps, ref_max[0], ref_agree[0], ref_sum[1]/n_steps, ref_max[1], ref_agree[1],
+                   ok_ref ? "ok" : "FAIL (the megakernel is further from the CPU than the graph)");
+            fails += !ok_ref;
         }
         const bool ok = worst <= max_nmse && disagree <= (max_disagree >= 0 ? max_disagree : n_steps/50);
         printf("teacher-forced %d steps: NMSE mean %.3g max %.3g; argmax disagreements %d (largest graph margin there %.4g): %s\n",
@@ -376,6 +421,10 @@ int main(int argc, char ** argv) {
 
     llama_free(A.ctx);
     llama_free(B.ctx);
+    if (cpu_ref) {
+        llama_free(R.ctx);
+        llama_model_free(model_cpu);
+    }
     llama_model_free(model);
     printf("test-mk: %s\n", fails ? "FAILED" : "passed");
     return fails ? 1 : 0;
