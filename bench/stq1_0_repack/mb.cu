@@ -1,0 +1,760 @@
+// STQ1_0 CUDA mat-vec micro-benchmark (issue 17): the present kernel on the GGUF layout against kernels on a
+// load-time repacked layout whose decode is a 32-entry table lookup (5-bit pattern index -> int8x4 {-1,0,+1}).
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90 [-DWITH_BASELINE -I<ggml dirs>] mb.cu -o mb && ./mb [big|decode|routed|all] [rounds]
+//
+// Repacked layout ("RP16"): rows in row groups of 16, K in tiles of 1024 (4 STQ1_0 blocks). One tile of a row group is
+// 2688 bytes (= 16 rows x 4 blocks x 42 bytes, the GGUF's bytes exactly):
+//   bytes    0..2559: 5 chunks x 32 lanes x 16 bytes; lane l's 20 words w[0..19] are at chunk j/4, word j%4.
+//                     Block bl of the tile is the 160-bit string w[5bl..5bl+4]; field f (0..31) at bit 5f is a 5-bit
+//                     pattern index (code | sign << 4) of the group that lane l = 4g + t holds in the A fragment of
+//                     mma.m16n8k32 number kk = f/4: slot f%4 = {row g, group 8kk+t}, {row g+8, group 8kk+t},
+//                     {row g, group 8kk+4+t}, {row g+8, group 8kk+4+t}; "group" is the FACTS group index 0..63.
+//   bytes 2560..2687: 8 x 16 bytes: for g = 0..7 four half2 (d of row g, d of row g+8), blocks 0..3.
+// The K order inside a 256-block is permuted so that a group's 4 lanes are K-consecutive: permuted position 4G+p
+// holds original weight (G/16)*64 + G%16 + 16p. The activations are quantized to int8 per 256 values (one float
+// scale) and stored per block as [t = 0..3][kk = 0..7][2 words]: word 2kk+h of t = permuted word 8kk + 4h + t, so
+// lane t reads its 16 B-fragment words with four 16-byte loads.
+//
+// Every kernel's output is checked against a float64 CPU reference from the GGUF bytes (FACTS dequantization) and
+// the same quantized activations; a mismatch aborts with exit code 1.
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#ifdef WITH_BASELINE
+#include "mmv-stq1_0.cu" // the series' kernel, from the applied tree (patch 0031), called as it is
+// the host entry point of that file is not used here; these stubs only satisfy the linker
+extern "C" void ggml_abort(const char *, int, const char *, ...) { fprintf(stderr, "ggml_abort stub\n"); abort(); }
+extern "C" void ggml_log_internal(enum ggml_log_level, const char *, ...) {}
+extern "C" size_t ggml_type_size(enum ggml_type) { abort(); }
+void ggml_cuda_error(const char *, const char *, const char *, int, const char *) { abort(); }
+void ggml_cuda_set_device(int) { abort(); }
+int ggml_cuda_get_device() { abort(); }
+std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(int, int) { abort(); }
+void quantize_mmq_q8_1_cuda(const float *, const int32_t *, void *, ggml_type, int64_t, int64_t, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, cudaStream_t) { abort(); }
+#endif
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); exit(2); } } while (0)
+
+static const uint8_t CODEBOOK[32] = {
+    0xA9, 0x89, 0x29, 0x09, 0xA6, 0x86, 0x26, 0x06, 0x9A, 0x92, 0x1A, 0x12, 0x6A, 0x62, 0x4A, 0x42,
+    0x01, 0x21, 0x81, 0xA1, 0x04, 0x24, 0x84, 0xA4, 0x10, 0x18, 0x90, 0x98, 0x40, 0x48, 0x60, 0x68,
+};
+
+constexpr int BLK_BYTES  = 42;
+constexpr int TILE_BLKS  = 4;                  // blocks per RP16 tile
+constexpr int TILE_BYTES = 16*TILE_BLKS*42;    // 2688
+constexpr int TILE_U4    = TILE_BYTES/16;      // 168
+static_assert(TILE_BYTES == 5*32*16 + 8*16, "tile layout");
+
+__constant__ int c_table[32]; // int8x4 lanes v_p = ((CODEBOOK >> 2p) & 3) - 1
+
+// ---------------------------------------------------------------------------------------------------------------
+// data generation and repack (GPU)
+
+static __host__ __device__ inline uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30))*0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27))*0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// STQ1_0 block number b: random codes and signs, d in [0.5, 1.5) * 2^-6
+static __host__ __device__ inline void gen_block(uint8_t * p, int64_t b, uint64_t seed) {
+    for (int i = 0; i < 5; ++i) {
+        const uint64_t r = mix64(seed ^ mix64(b*8 + i));
+        for (int k = 0; k < 8; ++k) p[8*i + k] = (uint8_t) (r >> (8*k));
+    }
+    const uint64_t r = mix64(seed ^ mix64(b*8 + 7));
+    const float d = (0.5f + (float) (r & 0xFFFF)/65536.0f)*(1.0f/64.0f);
+    const __half h = __float2half_rn(d);
+    memcpy(p + 40, &h, 2);
+}
+
+__global__ void k_gen(uint8_t * x, int64_t nblocks, uint64_t seed) {
+    const int64_t b = blockIdx.x*(int64_t) blockDim.x + threadIdx.x;
+    if (b >= nblocks) return;
+    gen_block(x + b*BLK_BYTES, b, seed);
+}
+
+static __host__ __device__ inline int stq_index(const uint8_t * blk, int G) {
+    const int code = (blk[G/2] >> (4*(G % 2))) & 0xF;
+    const int sbit = (blk[32 + G/8] >> (G % 8)) & 1;
+    return code | (sbit << 4);
+}
+
+// the RP16 bytes that lane `lane` of tile `tile` of row group rg owns (host and device)
+static __host__ __device__ inline void repack_lane(const uint8_t * src, uint8_t * dst, int rg, int tile, int lane,
+                                                   int ntiles, int64_t row_bytes) {
+    const int g = lane / 4, t = lane % 4;
+    uint8_t * tp = dst + ((int64_t) rg*ntiles + tile)*TILE_BYTES;
+    uint32_t w[20] = {0};
+    for (int bl = 0; bl < TILE_BLKS; ++bl) {
+        const int b = tile*TILE_BLKS + bl;
+        for (int f = 0; f < 32; ++f) {
+            const int kk = f/4, slot = f % 4;
+            const int row = rg*16 + g + (slot & 1)*8;
+            const int G   = 8*kk + (slot >> 1)*4 + t;
+            const uint32_t idx = stq_index(src + row*row_bytes + (int64_t) b*BLK_BYTES, G);
+            const int bit = 160*bl + 5*f;
+            w[bit/32] |= idx << (bit % 32);
+            if (bit % 32 > 27) w[bit/32 + 1] |= idx >> (32 - bit % 32);
+        }
+    }
+    for (int j = 0; j < 20; ++j) memcpy(tp + (j/4)*512 + lane*16 + (j % 4)*4, &w[j], 4);
+    if (lane < 8) { // lane r writes the scales of rows r and r + 8
+        for (int bl = 0; bl < TILE_BLKS; ++bl) {
+            const int b = tile*TILE_BLKS + bl;
+            uint16_t h0, h1;
+            memcpy(&h0, src + (rg*16 + lane    )*row_bytes + (int64_t) b*BLK_BYTES + 40, 2);
+            memcpy(&h1, src + (rg*16 + lane + 8)*row_bytes + (int64_t) b*BLK_BYTES + 40, 2);
+            memcpy(tp + 2560 + lane*16 + bl*4 + 0, &h0, 2);
+            memcpy(tp + 2560 + lane*16 + bl*4 + 2, &h1, 2);
+        }
+    }
+}
+
+// one thread per (row group, tile, lane); src: nrows x (K/256) blocks, GGUF layout
+__global__ void k_repack(const uint8_t * src, uint8_t * dst, int nrg, int ntiles, int64_t row_bytes) {
+    const int64_t id = blockIdx.x*(int64_t) blockDim.x + threadIdx.x;
+    if (id >= (int64_t) nrg*ntiles*32) return;
+    repack_lane(src, dst, id / (32*ntiles), (id / 32) % ntiles, id % 32, ntiles, row_bytes);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// RP16 kernels
+
+// byte offset into the table of field f of the 160-bit string w[0..4] (index * 4)
+template <int f>
+static __host__ __device__ __forceinline__ uint32_t rp_off(const uint32_t * w) {
+    constexpr int pos = 5*f - 2;
+    if constexpr (f == 0) {
+        return (w[0] << 2) & 0x7C;
+    } else if constexpr (pos % 32 <= 25) {
+        return (w[pos/32] >> (pos % 32)) & 0x7C;
+    } else {
+#ifdef __CUDA_ARCH__
+        return __funnelshift_r(w[pos/32], w[pos/32 + 1], pos % 32) & 0x7C;
+#else
+        return (uint32_t) ((((uint64_t) w[pos/32 + 1] << 32) | w[pos/32]) >> (pos % 32)) & 0x7C;
+#endif
+    }
+}
+
+template <int f = 0>
+static void rp_offs_host(const uint32_t * w, uint32_t off[32]) {
+    if constexpr (f < 32) {
+        off[f] = rp_off<f>(w);
+        rp_offs_host<f + 1>(w, off);
+    }
+}
+
+static __device__ __forceinline__ void mma_s8(int c[4], const int a[4], const int b0, const int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// the 8 A fragments of block bl decoded and dotted: MMA (2 accumulator chains) or dp4a. s0/s1: rows g / g+8
+template <int MODE, int kk>
+static __device__ __forceinline__ void rp_step(const uint32_t * wb, const char * tab, const uint32_t * aw,
+                                               int c[2][4], int & s0, int & s1) {
+    int a[4];
+    a[0] = *(const int *) (tab + rp_off<4*kk + 0>(wb));
+    a[1] = *(const int *) (tab + rp_off<4*kk + 1>(wb));
+    a[2] = *(const int *) (tab + rp_off<4*kk + 2>(wb));
+    a[3] = *(const int *) (tab + rp_off<4*kk + 3>(wb));
+    if constexpr (MODE == 0) {
+        mma_s8(c[kk % 2], a, aw[2*kk], aw[2*kk + 1]);
+    } else {
+        s0 = __dp4a(a[0], (int) aw[2*kk + 0], s0);
+        s1 = __dp4a(a[1], (int) aw[2*kk + 0], s1);
+        s0 = __dp4a(a[2], (int) aw[2*kk + 1], s0);
+        s1 = __dp4a(a[3], (int) aw[2*kk + 1], s1);
+    }
+}
+
+template <int MODE, int kk>
+static __device__ __forceinline__ void rp_steps(const uint32_t * wb, const char * tab, const uint32_t * aw,
+                                                int c[2][4], int & s0, int & s1) {
+    if constexpr (kk < 8) {
+        rp_step<MODE, kk>(wb, tab, aw, c, s0, s1);
+        rp_steps<MODE, kk + 1>(wb, tab, aw, c, s0, s1);
+    }
+}
+
+// MODE 0: int8 mma.m16n8k32 (every B column holds the same activations, so every lane has its rows' sums);
+// MODE 1: dp4a; MODE 2: the same loads without any decode (memory floor of the layout).
+// A CUDA block = RPC row groups x KS warps; warp ks of a row group takes tiles ks, ks + KS, ... (split K),
+// then the KS partial sums are added in a fixed order. grid = (nrg/RPC, experts used).
+template <int MODE, int KS, int RPC>
+__launch_bounds__(32*KS*RPC)
+__global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ A, const float * __restrict__ dA,
+                       const int * __restrict__ ids, const int64_t expert_u4, float * __restrict__ dst,
+                       const int ntiles, const int nrows) {
+    __shared__ int tab[32];
+    __shared__ float red[RPC][KS][16];
+    const int lane = threadIdx.x;
+    const int ks   = threadIdx.y % KS;
+    const int rgl  = threadIdx.y / KS;
+    const int rg   = blockIdx.x*RPC + rgl;
+    if (threadIdx.y == 0) tab[lane] = c_table[lane];
+    __syncthreads();
+    const char * tb = (const char *) tab;
+
+    if (ids) {
+        W   += ids[blockIdx.y]*expert_u4;
+        dst += blockIdx.y*nrows;
+    }
+    const uint4 * wp = W + (int64_t) rg*ntiles*TILE_U4;
+    const int g = lane / 4, t = lane % 4;
+
+    float acc0 = 0.0f, acc1 = 0.0f;
+    uint32_t xacc = 0;
+
+    uint4 cur[6];
+    auto load = [&](uint4 * r, int i) {
+        const uint4 * p = wp + (int64_t) i*TILE_U4;
+#pragma unroll
+        for (int c = 0; c < 5; ++c) r[c] = __ldcs(p + 32*c + lane);
+        r[5] = __ldcs(p + 160 + g);
+    };
+    // Control flow the compiler sees as uniform: the same trip count for every warp; a warp past the last tile
+    // re-reads the last one and adds it with weight 0 (a loop bound from threadIdx.y makes the compiler treat the
+    // loop as divergent and keep the table base out of the uniform registers: one more IADD per lookup).
+    const int niter = (ntiles + KS - 1)/KS;
+    load(cur, min(ks, ntiles - 1));
+    for (int it = 0; it < niter; ++it) {
+        const int i_raw = ks + it*KS;
+        const int i = min(i_raw, ntiles - 1);
+        const float live = i_raw < ntiles ? 1.0f : 0.0f;
+        uint4 nxt[6];
+        load(nxt, min(i_raw + KS, ntiles - 1));
+        const uint32_t * w = (const uint32_t *) cur;
+#pragma unroll
+        for (int bl = 0; bl < TILE_BLKS; ++bl) {
+            const int b = i*TILE_BLKS + bl;
+            const uint4 * ap = A + (int64_t) b*16 + t*4;
+            uint32_t aw[16];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const uint4 v = __ldg(ap + k);
+                aw[4*k + 0] = v.x; aw[4*k + 1] = v.y; aw[4*k + 2] = v.z; aw[4*k + 3] = v.w;
+            }
+            const float da = __ldg(dA + b)*live;
+            const half2 dw = ((const half2 *) &cur[5])[bl];
+            if constexpr (MODE == 2) {
+#pragma unroll
+                for (int j = 0; j < 5; ++j) xacc ^= w[5*bl + j];
+#pragma unroll
+                for (int j = 0; j < 16; ++j) xacc += aw[j];
+                acc0 += __low2float(dw)*da;
+                acc1 += __high2float(dw)*da;
+            } else {
+                int c[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+                int s0 = 0, s1 = 0;
+                rp_steps<MODE, 0>(w + 5*bl, tb, aw, c, s0, s1);
+                if constexpr (MODE == 0) {
+                    s0 = c[0][0] + c[1][0];
+                    s1 = c[0][2] + c[1][2];
+                }
+                acc0 = fmaf((float) s0, __low2float(dw)*da, acc0);
+                acc1 = fmaf((float) s1, __high2float(dw)*da, acc1);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 6; ++c) cur[c] = nxt[c];
+    }
+    if constexpr (MODE == 2) {
+        acc0 += (float) (xacc & 1);
+    }
+    if constexpr (MODE != 0) {
+        // dp4a: lanes t = 0..3 of a row hold parts of its sum
+        acc0 += __shfl_xor_sync(0xFFFFFFFF, acc0, 1);
+        acc1 += __shfl_xor_sync(0xFFFFFFFF, acc1, 1);
+        acc0 += __shfl_xor_sync(0xFFFFFFFF, acc0, 2);
+        acc1 += __shfl_xor_sync(0xFFFFFFFF, acc1, 2);
+    }
+    if (t == 0) {
+        red[rgl][ks][g]     = acc0;
+        red[rgl][ks][g + 8] = acc1;
+    }
+    __syncthreads();
+    if (ks == 0 && lane < 16) {
+        float s = red[rgl][0][lane];
+#pragma unroll
+        for (int k = 1; k < KS; ++k) s += red[rgl][k][lane];
+        dst[rg*16 + lane] = s;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// host side
+
+struct Case {
+    std::string name;
+    int nrows, K;
+    int n_experts, n_used; // routed: n_experts stacked matrices, n_used chosen per call (0 = plain MUL_MAT)
+    int ncopies;           // rotated weight copies (plain) or id sets (routed)
+};
+
+static float half_to_float_host(uint16_t h) {
+    __half_raw r; r.x = h;
+    return __half2float(__half(r));
+}
+
+// FACTS: value of weight k (0..255) of a block
+static void dequant_block_v(const uint8_t * blk, int8_t v[256]) {
+    for (int gi = 0; gi < 64; ++gi) {
+        const int code = (blk[gi/2] >> (4*(gi % 2))) & 0xF;
+        const int sbit = (blk[32 + gi/8] >> (gi % 8)) & 1;
+        const uint8_t pat = CODEBOOK[(sbit << 4) | code];
+        for (int p = 0; p < 4; ++p) {
+            v[(gi/16)*64 + (gi % 16) + 16*p] = (int8_t) (((pat >> (2*p)) & 3) - 1);
+        }
+    }
+}
+
+
+// activations: floats in [-1, 1) with a few outliers (fixed seed); RP16: int8 per 256 values (q, natural order,
+// scale dA), then the permuted words ap
+static void prep_acts(int K, std::vector<float> & xf, std::vector<int8_t> & q, std::vector<float> & dA,
+                      std::vector<int8_t> & ap) {
+    const int nb = K/256;
+    xf.resize(K); q.resize(K); dA.resize(nb); ap.resize(K);
+    for (int k = 0; k < K; ++k) {
+        const uint64_t r = mix64(0xACu*K + k);
+        xf[k] = (float) ((double) (r >> 11)/9007199254740992.0*2.0 - 1.0);
+        if (r % 97 == 0) xf[k] *= 8.0f;
+    }
+    for (int b = 0; b < nb; ++b) {
+        float amax = 0;
+        for (int k = 0; k < 256; ++k) amax = std::max(amax, fabsf(xf[256*b + k]));
+        const float d = amax/127.0f;
+        dA[b] = d;
+        for (int k = 0; k < 256; ++k) q[256*b + k] = (int8_t) lrintf(d > 0 ? xf[256*b + k]/d : 0.0f);
+    }
+    for (int b = 0; b < nb; ++b)
+        for (int t = 0; t < 4; ++t)
+            for (int kk = 0; kk < 8; ++kk)
+                for (int h = 0; h < 2; ++h)
+                    for (int p = 0; p < 4; ++p) {
+                        const int G = 8*kk + 4*h + t;
+                        ap[256*b + 64*t + 4*(2*kk + h) + p] = q[256*b + (G/16)*64 + G % 16 + 16*p];
+                    }
+}
+
+static int g_table[32];
+
+// Host emulation of the RP16 decode (no GPU): repack_lane + rp_off + the table, the A/B fragments taken as the
+// PTX ISA defines them for mma.m16n8k32 .s8 (A: a_i of lane 4g+t: row g + 8*(i%2), cols 4t + 16*(i/2) .. +3;
+// B: b_i: rows 4t + 16*i .. +3, col g), the product summed element by element, against the FACTS dequantization.
+static int selftest() {
+    const int nrows = 32, K = 3072, nb = K/256, nrg = nrows/16, ntiles = K/1024;
+    const int64_t row_bytes = (int64_t) nb*BLK_BYTES;
+    std::vector<uint8_t> x(row_bytes*nrows), rp(row_bytes*nrows);
+    for (int64_t b = 0; b < nrows*nb; ++b) gen_block(x.data() + b*BLK_BYTES, b, 1234);
+    for (int rg = 0; rg < nrg; ++rg)
+        for (int tile = 0; tile < ntiles; ++tile)
+            for (int lane = 0; lane < 32; ++lane) repack_lane(x.data(), rp.data(), rg, tile, lane, ntiles, row_bytes);
+    std::vector<float> xf, dA; std::vector<int8_t> q, ap;
+    prep_acts(K, xf, q, dA, ap);
+    int fails = 0;
+    for (int rg = 0; rg < nrg; ++rg) {
+        double y[16] = {0};
+        for (int tile = 0; tile < ntiles; ++tile) {
+            const uint8_t * tp = rp.data() + ((int64_t) rg*ntiles + tile)*TILE_BYTES;
+            for (int bl = 0; bl < TILE_BLKS; ++bl) {
+                const int b = tile*TILE_BLKS + bl;
+                // A[16][256] and B[256] of this block, assembled from the lanes' fragments
+                int A[16][256]; int B[256]; bool setA[16][256] = {}; bool setB[256] = {};
+                for (int lane = 0; lane < 32; ++lane) {
+                    const int g = lane/4, t = lane % 4;
+                    uint32_t w[20];
+                    for (int j = 0; j < 20; ++j) memcpy(&w[j], tp + (j/4)*512 + lane*16 + (j % 4)*4, 4);
+                    uint32_t off[32];
+                    rp_offs_host(w + 5*bl, off);
+                    uint32_t aw[16];
+                    memcpy(aw, ap.data() + 256*b + 64*t, 64);
+                    for (int kk = 0; kk < 8; ++kk) {
+                        for (int i = 0; i < 4; ++i) {
+                            const uint32_t a = (uint32_t) g_table[off[4*kk + i] >> 2];
+                            for (int e = 0; e < 4; ++e) {
+                                const int row = g + 8*(i % 2), col = 32*kk + 4*t + 16*(i/2) + e;
+                                A[row][col] = (int8_t) (a >> (8*e)); setA[row][col] = true;
+                            }
+                        }
+                        for (int i = 0; i < 2; ++i)
+                            for (int e = 0; e < 4; ++e) {
+                                const int k = 32*kk + 4*t + 16*i + e;
+                                const int v = (int8_t) (aw[2*kk + i] >> (8*e));
+                                if (setB[k] && B[k] != v) { printf("selftest: B fragment mismatch\n"); return 1; }
+                                B[k] = v; setB[k] = true;
+                            }
+                    }
+                }
+                for (int r = 0; r < 16; ++r) {
+                    long s = 0;
+                    for (int k = 0; k < 256; ++k) {
+                        if (!setA[r][k] || !setB[k]) { printf("selftest: fragment hole\n"); return 1; }
+                        s += A[r][k]*B[k];
+                    }
+                    uint16_t hd; memcpy(&hd, tp + 2560 + (r % 8)*16 + bl*4 + 2*(r/8), 2);
+                    y[r] += (double) half_to_float_host(hd)*dA[b]*s;
+                }
+            }
+        }
+        for (int r = 0; r < 16; ++r) {
+            const int row = rg*16 + r;
+            double ref = 0, refabs = 0;
+            int8_t v[256];
+            for (int b = 0; b < nb; ++b) {
+                const uint8_t * blk = x.data() + row*row_bytes + b*BLK_BYTES;
+                dequant_block_v(blk, v);
+                uint16_t hd; memcpy(&hd, blk + 40, 2);
+                for (int k = 0; k < 256; ++k) {
+                    ref += (double) half_to_float_host(hd)*v[k]*q[256*b + k]*dA[b];
+                    refabs += fabs((double) half_to_float_host(hd)*v[k]*q[256*b + k]*dA[b]);
+                }
+            }
+            if (!(fabs(y[r] - ref) <= 1e-9*refabs)) { ++fails; printf("selftest: row %d: %g vs %g\n", row, y[r], ref); }
+        }
+    }
+    printf("selftest (host emulation of the RP16 layout and mma fragments, %d x %d): %s\n", nrows, K, fails ? "FAIL" : "ok");
+    return fails ? 1 : 0;
+}
+
+static double g_copy_gbs = 0.0;
+
+struct Variant {
+    std::string name;
+    std::function<void(int)> launch; // argument: call number (selects the rotated copy)
+    std::function<void(float *)> run_check; // one call into the given (poisoned) output
+    std::vector<double> * ref;
+};
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n/2] : 0.5*(v[n/2 - 1] + v[n/2]);
+}
+
+static int g_fail = 0;
+
+static void check(const char * cname, const std::string & vname, const std::vector<float> & out,
+                  const std::vector<int> & rows, const std::vector<double> & ref, const std::vector<double> & refabs) {
+    double num = 0, den = 0, worst = 0;
+    int bad = 0, worst_r = -1;
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const double y = out[rows[i]];
+        const double e = fabs(y - ref[i]);
+        const double tol = 1e-5*refabs[i] + 1e-6;
+        if (!(e <= tol)) { ++bad; }
+        if (!(e/(refabs[i] + 1e-30) <= worst)) { worst = e/(refabs[i] + 1e-30); worst_r = rows[i]; }
+        num += (y - ref[i])*(y - ref[i]);
+        den += ref[i]*ref[i];
+    }
+    const double rel = sqrt(num/den);
+    printf("check %-8s %-22s rows %5zu  rel-L2 %.2e  worst |e|/sum|wx| %.2e (row %d)  %s\n", cname, vname.c_str(),
+           rows.size(), rel, worst, worst_r, bad ? "FAIL" : "ok");
+    if (bad || !(rel < 1e-3)) {
+        fprintf(stderr, "FAIL: %s %s: %d of %zu rows outside tolerance, rel-L2 %.3e\n", cname, vname.c_str(), bad, rows.size(), rel);
+        g_fail = 1;
+    }
+}
+
+static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
+    const bool routed = cs.n_used > 0;
+    const int K = cs.K, nrows = cs.nrows;
+    const int nb = K/256;
+    const int64_t row_bytes = (int64_t) nb*BLK_BYTES;
+    const int64_t mat_bytes = row_bytes*nrows;
+    const int nmats = routed ? cs.n_experts : cs.ncopies;
+    const int64_t total = mat_bytes*nmats;
+    const int nrg = nrows/16, ntiles = K/1024;
+    printf("\n== %s: %d x %d%s, %.2f MB per matrix, %d %s, %.0f MB in all\n", cs.name.c_str(), nrows, K,
+           routed ? " (routed)" : "", mat_bytes/1e6, nmats, routed ? "experts" : "copies", total/1e6);
+
+    uint8_t * dx = nullptr; uint8_t * drp = nullptr;
+    CK(cudaMalloc(&dx, total));
+    CK(cudaMalloc(&drp, total));
+    if (routed) {
+        k_gen<<<(total/BLK_BYTES + 255)/256, 256>>>(dx, total/BLK_BYTES, 0x5717ull*K + nrows);
+    } else {
+        k_gen<<<(mat_bytes/BLK_BYTES + 255)/256, 256>>>(dx, mat_bytes/BLK_BYTES, 0x5717ull*K + nrows);
+        for (int c = 1; c < nmats; ++c) CK(cudaMemcpy(dx + c*mat_bytes, dx, mat_bytes, cudaMemcpyDeviceToDevice));
+    }
+    CK(cudaGetLastError());
+    for (int m = 0; m < nmats; ++m) {
+        const int64_t nthr = (int64_t) nrg*ntiles*32;
+        k_repack<<<(nthr + 127)/128, 128>>>(dx + m*mat_bytes, drp + m*mat_bytes, nrg, ntiles, row_bytes);
+    }
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+
+    std::vector<float> xf;
+    std::vector<int8_t> q, ap;
+    std::vector<float> dA;
+    prep_acts(K, xf, q, dA, ap);
+    int8_t * dap; float * ddA;
+    CK(cudaMalloc(&dap, K)); CK(cudaMalloc(&ddA, nb*sizeof(float)));
+    CK(cudaMemcpy(dap, ap.data(), K, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ddA, dA.data(), nb*sizeof(float), cudaMemcpyHostToDevice));
+
+    // ids: per call n_used distinct experts (routed)
+    const int nidsets = routed ? cs.ncopies : 1;
+    std::vector<int> ids(std::max(1, nidsets*cs.n_used));
+    if (routed) {
+        for (int s = 0; s < nidsets; ++s) {
+            std::vector<int> perm(cs.n_experts);
+            for (int e = 0; e < cs.n_experts; ++e) perm[e] = e;
+            for (int e = cs.n_experts - 1; e > 0; --e) std::swap(perm[e], perm[mix64(977ull*s + e) % (e + 1)]);
+            for (int u = 0; u < cs.n_used; ++u) ids[s*cs.n_used + u] = perm[u];
+        }
+    }
+    int * dids;
+    CK(cudaMalloc(&dids, ids.size()*sizeof(int)));
+    CK(cudaMemcpy(dids, ids.data(), ids.size()*sizeof(int), cudaMemcpyHostToDevice));
+
+    const int nout = routed ? nrows*cs.n_used : nrows;
+    float * dout;
+    CK(cudaMalloc(&dout, (size_t) nout*sizeof(float)));
+
+    // reference: sampled rows (routed: of id set 0), float64, from the GGUF bytes of matrix/expert m
+    std::vector<int> rows;
+    {
+        const int want = std::min(nout, 2048);
+        for (int i = 0; i < want; ++i) rows.push_back((int) ((int64_t) i*nout/want));
+        rows.back() = nout - 1;
+    }
+    std::vector<double> ref_rp(rows.size()), refabs(rows.size());
+#ifdef WITH_BASELINE
+    // baseline activations: mmq q8_1 (DS4: per 32 values half2(d, sum)), from the same floats
+    const int nkb = K/128;
+    std::vector<block_q8_1_mmq> ym(nkb);
+    for (int kb = 0; kb < nkb; ++kb) {
+        for (int s = 0; s < 4; ++s) {
+            float amax = 0;
+            for (int k = 0; k < 32; ++k) amax = std::max(amax, fabsf(xf[128*kb + 32*s + k]));
+            const float d = amax/127.0f;
+            int sum = 0;
+            for (int k = 0; k < 32; ++k) {
+                const int qq = (int) lrintf(d > 0 ? xf[128*kb + 32*s + k]/d : 0.0f);
+                ym[kb].qs[32*s + k] = (int8_t) qq;
+                sum += qq;
+            }
+            ym[kb].ds4[s] = __floats2half2_rn(d, d*sum);
+        }
+    }
+    block_q8_1_mmq * dym;
+    CK(cudaMalloc(&dym, nkb*sizeof(block_q8_1_mmq)));
+    CK(cudaMemcpy(dym, ym.data(), nkb*sizeof(block_q8_1_mmq), cudaMemcpyHostToDevice));
+    std::vector<double> ref_base(rows.size());
+#endif
+    {
+        std::vector<uint8_t> hrow(row_bytes);
+        int8_t v[256];
+        for (size_t i = 0; i < rows.size(); ++i) {
+            const int o = rows[i];
+            const int m = routed ? ids[o / nrows] : 0;
+            const int r = o % nrows;
+            CK(cudaMemcpy(hrow.data(), dx + m*mat_bytes + r*row_bytes, row_bytes, cudaMemcpyDeviceToHost));
+            double s = 0, sa = 0, sb = 0;
+            for (int b = 0; b < nb; ++b) {
+                dequant_block_v(hrow.data() + b*BLK_BYTES, v);
+                uint16_t hd; memcpy(&hd, hrow.data() + b*BLK_BYTES + 40, 2);
+                const double dw = half_to_float_host(hd);
+                long isum = 0;
+                for (int k = 0; k < 256; ++k) { isum += v[k]*q[256*b + k]; sa += fabs(dw*v[k]*q[256*b + k]*dA[b]); }
+                s += dw*(double) dA[b]*(double) isum;
+#ifdef WITH_BASELINE
+                // the kernel's formula: d_w * sum over 32-blocks of (s - d * sum(u*q)), u = 1 - v
+                for (int hh = 0; hh < 8; ++hh) {
+                    const block_q8_1_mmq & yb = ym[(256*b + 32*hh)/128];
+                    const int sub = hh % 4;
+                    const double dd = __low2float(yb.ds4[sub]), ss = __high2float(yb.ds4[sub]);
+                    long us = 0;
+                    for (int k = 0; k < 32; ++k) us += (1 - v[32*hh + k])*yb.qs[32*sub + k];
+                    sb += dw*(ss - dd*us);
+                }
+#endif
+            }
+            ref_rp[i] = s; refabs[i] = sa;
+#ifdef WITH_BASELINE
+            ref_base[i] = sb;
+#endif
+        }
+    }
+
+    cudaStream_t st = 0;
+    std::vector<Variant> vs;
+    auto ids_of = [&](int call) { return routed ? dids + (call % nidsets)*cs.n_used : nullptr; };
+    auto mat_of = [&](int call) { return routed ? 0 : (call % nmats); };
+    const int64_t expert_u4 = mat_bytes/16;
+    const int grid_y = routed ? cs.n_used : 1;
+
+#define RP_VARIANT(MODE, KS, RPC, NAME) \
+    if (nrg % (RPC) == 0) { \
+        auto L = [=](int call, float * out) { \
+            const dim3 grid(nrg/(RPC), grid_y), block(32, (KS)*(RPC)); \
+            k_rp16<MODE, KS, RPC><<<grid, block, 0, st>>>((const uint4 *) (drp + mat_of(call)*mat_bytes), \
+                (const uint4 *) dap, ddA, ids_of(call), expert_u4, out, ntiles, nrows); }; \
+        vs.push_back({NAME, [=](int call) { L(call, dout); }, [=](float * o) { L(0, o); }, &ref_rp}); }
+
+#ifdef WITH_BASELINE
+    {
+        auto L = [=](int call, float * out) {
+            const dim3 grid(nrows/4, routed ? cs.n_used : 1, 1), block(32, 1, 1);
+            const uint3 one = init_fastdiv_values(1);
+            mul_mat_vec_stq1_0<1, 4, 1, 4><<<grid, block, 4*4*STQ1_0_MMV_TILE_BYTES, st>>>(
+                (const char *) dx + mat_of(call)*mat_bytes, dym, ids_of(call), out, K/2048, nrows, row_bytes,
+                /*stride_kb_y*/ 1, /*stride_col_y*/ 1, /*stride_col_dst*/ nrows,
+                one, /*stride_channel_x*/ routed ? mat_bytes : 0, 0, /*stride_channel_dst*/ routed ? nrows : 0,
+                one, 0, 0, 0, one, /*ids_stride*/ 0);
+        };
+        vs.push_back({"base-0031", [=](int call) { L(call, dout); }, [=](float * o) { L(0, o); }, &ref_base});
+    }
+#endif
+    RP_VARIANT(0, 1, 4, "rp16-mma-ks1-rpc4");
+    RP_VARIANT(0, 2, 2, "rp16-mma-ks2-rpc2");
+    RP_VARIANT(0, 4, 1, "rp16-mma-ks4-rpc1");
+    RP_VARIANT(1, 1, 4, "rp16-dp4a-ks1-rpc4");
+    RP_VARIANT(1, 2, 2, "rp16-dp4a-ks2-rpc2");
+    RP_VARIANT(1, 4, 1, "rp16-dp4a-ks4-rpc1");
+    RP_VARIANT(2, 1, 4, "rp16-loadonly-ks1-rpc4");
+    RP_VARIANT(2, 4, 1, "rp16-loadonly-ks4-rpc1");
+
+    // correctness first (poisoned output), then again after the timing
+    auto check_all = [&](const char * when) {
+        std::vector<float> out(nout);
+        for (auto & v : vs) {
+            CK(cudaMemset(dout, 0xFF, (size_t) nout*sizeof(float)));
+            v.run_check(dout);
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(out.data(), dout, (size_t) nout*sizeof(float), cudaMemcpyDeviceToHost));
+            if (v.name.find("loadonly") != std::string::npos) continue; // computes no product
+            check(when, v.name, out, rows, *v.ref, refabs);
+        }
+    };
+    check_all("before");
+
+    // timing: rounds in alternating order (AB / BA), reps calls per sample rotating over copies / id sets
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    for (auto & v : vs) for (int i = 0; i < 3; ++i) v.launch(i); // warm-up
+    CK(cudaDeviceSynchronize());
+    std::vector<std::vector<double>> us(vs.size());
+    int call = 0;
+    for (int r = 0; r < rounds; ++r) {
+        for (size_t j = 0; j < vs.size(); ++j) {
+            const size_t vi = r % 2 ? vs.size() - 1 - j : j;
+            CK(cudaEventRecord(e0, st));
+            for (int k = 0; k < reps; ++k) vs[vi].launch(call++);
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+            us[vi].push_back(1e3*ms/reps);
+        }
+    }
+    CK(cudaGetLastError());
+    check_all("after");
+
+    const double moved = routed ? (double) mat_bytes*cs.n_used : (double) mat_bytes; // weight bytes read per call
+    printf("%-24s %9s %9s %9s %8s %7s %9s\n", "variant", "med us", "min us", "max us", "GB/s", "%copy", "/base");
+    const double base_med = median(us[0]);
+    for (size_t j = 0; j < vs.size(); ++j) {
+        std::vector<double> ratio;
+        for (int r = 0; r < rounds; ++r) ratio.push_back(us[j][r]/us[0][r]);
+        const double m = median(us[j]);
+        const double gbs = moved/(m*1e-6)/1e9;
+        printf("%-24s %9.2f %9.2f %9.2f %8.0f %6.1f%% %9.3f\n", vs[j].name.c_str(), m,
+               *std::min_element(us[j].begin(), us[j].end()), *std::max_element(us[j].begin(), us[j].end()),
+               gbs, 100.0*gbs/g_copy_gbs, median(ratio));
+        if (csv) fprintf(csv, "%s,%s,%.3f,%.3f,%.0f,%.1f,%.4f\n", cs.name.c_str(), vs[j].name.c_str(), m,
+                         *std::min_element(us[j].begin(), us[j].end()), gbs, 100.0*gbs/g_copy_gbs, median(ratio));
+    }
+    (void) base_med;
+    CK(cudaFree(dx)); CK(cudaFree(drp)); CK(cudaFree(dap)); CK(cudaFree(ddA)); CK(cudaFree(dids)); CK(cudaFree(dout));
+#ifdef WITH_BASELINE
+    CK(cudaFree(dym));
+#endif
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+}
+
+static double measure_copy() {
+    const size_t n = (size_t) 1 << 30;
+    char * a; char * b;
+    CK(cudaMalloc(&a, n)); CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n)); CK(cudaMemset(b, 2, n));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    std::vector<double> t;
+    for (int i = 0; i < 12; ++i) {
+        CK(cudaEventRecord(e0));
+        CK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, n, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 2) t.push_back(ms);
+    }
+    CK(cudaFree(a)); CK(cudaFree(b));
+    const double gbs = 2.0*n/(median(t)*1e-3)/1e9;
+    printf("copy D2D 1 GiB: median %.3f ms = %.0f GB/s (read + write)\n", median(t), gbs);
+    return gbs;
+}
+
+int main(int argc, char ** argv) {
+    const std::string which = argc > 1 ? argv[1] : "all";
+    const int rounds = argc > 2 ? atoi(argv[2]) : 10;
+    const int reps   = argc > 3 ? atoi(argv[3]) : 20;
+    const char * csvp = getenv("MB_CSV");
+    FILE * csv = csvp ? fopen(csvp, "w") : nullptr;
+    if (csv) fprintf(csv, "case,variant,median_us,min_us,GBps,pct_copy,ratio_vs_base\n");
+
+    for (int i = 0; i < 32; ++i) {
+        uint32_t w = 0;
+        for (int p = 0; p < 4; ++p) w |= (uint32_t) (uint8_t) (int8_t) (((CODEBOOK[i] >> (2*p)) & 3) - 1) << (8*p);
+        g_table[i] = (int) w;
+    }
+    if (selftest() != 0) return 1;
+    if (which == "selftest") return 0;
+    CK(cudaMemcpyToSymbol(c_table, g_table, sizeof(g_table)));
+
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs, L2 %d MB, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+           prop.major, prop.minor);
+#ifdef WITH_BASELINE
+    printf("baseline: mul_mat_vec_stq1_0<1,4,1,4> from the applied tree (patch 0031)\n");
+#else
+    printf("baseline: not compiled in (first variant is the reference for the ratios)\n");
+#endif
+    g_copy_gbs = measure_copy();
+
+    std::vector<Case> cases = {
+        {"big",    32768, 16384,   0, 0,  3},
+        {"decode",  4096, 14336,   0, 0,  8},
+        {"routed",  2048,  6144, 256, 8, 16},
+    };
+    for (auto & c : cases) {
+        if (which == "all" || which == c.name) run_case(c, rounds, reps, csv);
+    }
+    if (csv) fclose(csv);
+    if (g_fail) { fprintf(stderr, "FAILED: at least one kernel gave wrong results\n"); return 1; }
+    printf("all checks passed\n");
+    return 0;
+}
