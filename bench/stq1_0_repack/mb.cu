@@ -200,7 +200,7 @@ static __device__ __forceinline__ void rp_steps(const uint32_t * wb, const char 
 // MODE 1: dp4a; MODE 2: the same loads without any decode (memory floor of the layout).
 // A CUDA block = RPC row groups x KS warps; warp ks of a row group takes tiles ks, ks + KS, ... (split K),
 // then the KS partial sums are added in a fixed order. grid = (nrg/RPC, experts used).
-template <int MODE, int KS, int RPC>
+template <int MODE, int KS, int RPC, int PF>
 __launch_bounds__(32*KS*RPC)
 __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ A, const float * __restrict__ dA,
                        const int * __restrict__ ids, const int64_t expert_u4, float * __restrict__ dst,
@@ -235,14 +235,17 @@ __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ 
     // Control flow the compiler sees as uniform: the same trip count for every warp; a warp past the last tile
     // re-reads the last one and adds it with weight 0 (a loop bound from threadIdx.y makes the compiler treat the
     // loop as divergent and keep the table base out of the uniform registers: one more IADD per lookup).
+    // PF tiles in flight: cur (being decoded) and, for PF = 2, nx1 (the next), while the one after is loaded
     const int niter = (ntiles + KS - 1)/KS;
     load(cur, min(ks, ntiles - 1));
+    uint4 nx1[6];
+    if constexpr (PF == 2) load(nx1, min(ks + KS, ntiles - 1));
     for (int it = 0; it < niter; ++it) {
         const int i_raw = ks + it*KS;
         const int i = min(i_raw, ntiles - 1);
         const float live = i_raw < ntiles ? 1.0f : 0.0f;
         uint4 nxt[6];
-        load(nxt, min(i_raw + KS, ntiles - 1));
+        load(nxt, min(i_raw + PF*KS, ntiles - 1));
         const uint32_t * w = (const uint32_t *) cur;
 #pragma unroll
         for (int bl = 0; bl < TILE_BLKS; ++bl) {
@@ -276,7 +279,14 @@ __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ 
             }
         }
 #pragma unroll
-        for (int c = 0; c < 6; ++c) cur[c] = nxt[c];
+        for (int c = 0; c < 6; ++c) {
+            if constexpr (PF == 2) {
+                cur[c] = nx1[c];
+                nx1[c] = nxt[c];
+            } else {
+                cur[c] = nxt[c];
+            }
+        }
     }
     if constexpr (MODE == 2) {
         acc0 += (float) (xacc & 1);
@@ -606,11 +616,11 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
     const int64_t expert_u4 = mat_bytes/16;
     const int grid_y = routed ? cs.n_used : 1;
 
-#define RP_VARIANT(MODE, KS, RPC, NAME) \
+#define RP_VARIANT(MODE, KS, RPC, PF, NAME) \
     if (nrg % (RPC) == 0) { \
         auto L = [=](int call, float * out) { \
             const dim3 grid(nrg/(RPC), grid_y), block(32, (KS)*(RPC)); \
-            k_rp16<MODE, KS, RPC><<<grid, block, 0, st>>>((const uint4 *) (drp + mat_of(call)*mat_bytes), \
+            k_rp16<MODE, KS, RPC, PF><<<grid, block, 0, st>>>((const uint4 *) (drp + mat_of(call)*mat_bytes), \
                 (const uint4 *) dap, ddA, ids_of(call), expert_u4, out, ntiles, nrows); }; \
         vs.push_back({NAME, [=](int call) { L(call, dout); }, [=](float * o) { L(0, o); }, &ref_rp}); }
 
@@ -628,14 +638,38 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
         vs.push_back({"base-0031", [=](int call) { L(call, dout); }, [=](float * o) { L(0, o); }, &ref_base});
     }
 #endif
-    RP_VARIANT(0, 1, 4, "rp16-mma-ks1-rpc4");
-    RP_VARIANT(0, 2, 2, "rp16-mma-ks2-rpc2");
-    RP_VARIANT(0, 4, 1, "rp16-mma-ks4-rpc1");
-    RP_VARIANT(1, 1, 4, "rp16-dp4a-ks1-rpc4");
-    RP_VARIANT(1, 2, 2, "rp16-dp4a-ks2-rpc2");
-    RP_VARIANT(1, 4, 1, "rp16-dp4a-ks4-rpc1");
-    RP_VARIANT(2, 1, 4, "rp16-loadonly-ks1-rpc4");
-    RP_VARIANT(2, 4, 1, "rp16-loadonly-ks4-rpc1");
+    RP_VARIANT(0, 1, 4, 1, "mma-ks1-rpc4-pf1");
+    RP_VARIANT(0, 1, 4, 2, "mma-ks1-rpc4-pf2");
+    RP_VARIANT(0, 2, 2, 1, "mma-ks2-rpc2-pf1");
+    RP_VARIANT(0, 2, 2, 2, "mma-ks2-rpc2-pf2");
+    RP_VARIANT(0, 4, 1, 1, "mma-ks4-rpc1-pf1");
+    RP_VARIANT(0, 4, 1, 2, "mma-ks4-rpc1-pf2");
+    RP_VARIANT(1, 1, 4, 1, "dp4a-ks1-rpc4-pf1");
+    RP_VARIANT(1, 1, 4, 2, "dp4a-ks1-rpc4-pf2");
+    RP_VARIANT(1, 2, 2, 2, "dp4a-ks2-rpc2-pf2");
+    RP_VARIANT(1, 4, 1, 2, "dp4a-ks4-rpc1-pf2");
+    RP_VARIANT(2, 1, 4, 1, "loadonly-ks1-rpc4-pf1");
+    RP_VARIANT(2, 1, 4, 2, "loadonly-ks1-rpc4-pf2");
+    RP_VARIANT(2, 4, 1, 2, "loadonly-ks4-rpc1-pf2");
+
+    // MB_ONLY=a,b,...: keep only the variants whose names contain one of these (the baseline always stays first)
+    if (const char * only = getenv("MB_ONLY")) {
+        std::vector<Variant> keep;
+        for (auto & v : vs) {
+            bool k = v.name == "base-0031" || v.name == vs[0].name;
+            std::string o = only;
+            size_t a = 0;
+            while (!k && a <= o.size()) {
+                size_t e = o.find(',', a);
+                if (e == std::string::npos) e = o.size();
+                const std::string tok = o.substr(a, e - a);
+                if (!tok.empty() && v.name.find(tok) != std::string::npos) k = true;
+                a = e + 1;
+            }
+            if (k) keep.push_back(v);
+        }
+        vs = keep;
+    }
 
     // correctness first (poisoned output), then again after the timing
     auto check_all = [&](const char * when) {
