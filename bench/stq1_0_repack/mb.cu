@@ -138,12 +138,18 @@ __global__ void k_repack(const uint8_t * src, uint8_t * dst, int nrg, int ntiles
 // RP16 kernels
 
 // byte offset into the table of field f of the 160-bit string w[0..4] (index * 4)
-template <int f>
+// HI: the right shifts as __umulhi(w, 2^(32 - s)) (IMAD.HI on the FMA pipe instead of SHF on the ALU pipe)
+template <int f, bool HI = false>
 static __host__ __device__ __forceinline__ uint32_t rp_off(const uint32_t * w) {
     constexpr int pos = 5*f - 2;
     if constexpr (f == 0) {
         return (w[0] << 2) & 0x7C;
     } else if constexpr (pos % 32 <= 25) {
+#ifdef __CUDA_ARCH__
+        if constexpr (HI && pos % 32 != 0) {
+            return __umulhi(w[pos/32], 1u << (32 - pos % 32)) & 0x7C;
+        }
+#endif
         return (w[pos/32] >> (pos % 32)) & 0x7C;
     } else {
 #ifdef __CUDA_ARCH__
@@ -172,12 +178,13 @@ static __device__ __forceinline__ void mma_s8(int c[4], const int a[4], const in
 template <int MODE, int kk>
 static __device__ __forceinline__ void rp_step(const uint32_t * wb, const char * tab, const uint32_t * aw,
                                                int c[2][4], int & s0, int & s1) {
+    constexpr bool HI = MODE >= 3; // 3: mma, 4: dp4a, with the shifts on the FMA pipe
     int a[4];
-    a[0] = *(const int *) (tab + rp_off<4*kk + 0>(wb));
-    a[1] = *(const int *) (tab + rp_off<4*kk + 1>(wb));
-    a[2] = *(const int *) (tab + rp_off<4*kk + 2>(wb));
-    a[3] = *(const int *) (tab + rp_off<4*kk + 3>(wb));
-    if constexpr (MODE == 0) {
+    a[0] = *(const int *) (tab + rp_off<4*kk + 0, HI>(wb));
+    a[1] = *(const int *) (tab + rp_off<4*kk + 1, HI>(wb));
+    a[2] = *(const int *) (tab + rp_off<4*kk + 2, HI>(wb));
+    a[3] = *(const int *) (tab + rp_off<4*kk + 3, HI>(wb));
+    if constexpr (MODE == 0 || MODE == 3) {
         mma_s8(c[kk % 2], a, aw[2*kk], aw[2*kk + 1]);
     } else {
         s0 = __dp4a(a[0], (int) aw[2*kk + 0], s0);
@@ -197,7 +204,8 @@ static __device__ __forceinline__ void rp_steps(const uint32_t * wb, const char 
 }
 
 // MODE 0: int8 mma.m16n8k32 (every B column holds the same activations, so every lane has its rows' sums);
-// MODE 1: dp4a; MODE 2: the same loads without any decode (memory floor of the layout).
+// MODE 1: dp4a; MODE 2: the same loads without any decode (memory floor of the layout); MODE 3/4: 0/1 with the
+// field shifts as IMAD.HI (FMA pipe) instead of SHF (ALU pipe).
 // A CUDA block = RPC row groups x KS warps; warp ks of a row group takes tiles ks, ks + KS, ... (split K),
 // then the KS partial sums are added in a fixed order. grid = (nrg/RPC, experts used).
 template <int MODE, int KS, int RPC, int PF>
@@ -270,7 +278,7 @@ __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ 
                 int c[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
                 int s0 = 0, s1 = 0;
                 rp_steps<MODE, 0>(w + 5*bl, tb, aw, c, s0, s1);
-                if constexpr (MODE == 0) {
+                if constexpr (MODE == 0 || MODE == 3) {
                     s0 = c[0][0] + c[1][0];
                     s1 = c[0][2] + c[1][2];
                 }
@@ -291,7 +299,7 @@ __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ 
     if constexpr (MODE == 2) {
         acc0 += (float) (xacc & 1);
     }
-    if constexpr (MODE != 0) {
+    if constexpr (MODE == 1 || MODE == 2 || MODE == 4) {
         // dp4a: lanes t = 0..3 of a row hold parts of its sum
         acc0 += __shfl_xor_sync(0xFFFFFFFF, acc0, 1);
         acc1 += __shfl_xor_sync(0xFFFFFFFF, acc1, 1);
@@ -644,6 +652,10 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
     RP_VARIANT(0, 2, 2, 2, "mma-ks2-rpc2-pf2");
     RP_VARIANT(0, 4, 1, 1, "mma-ks4-rpc1-pf1");
     RP_VARIANT(0, 4, 1, 2, "mma-ks4-rpc1-pf2");
+    RP_VARIANT(3, 1, 4, 1, "mmahi-ks1-rpc4-pf1");
+    RP_VARIANT(3, 2, 2, 2, "mmahi-ks2-rpc2-pf2");
+    RP_VARIANT(3, 4, 1, 2, "mmahi-ks4-rpc1-pf2");
+    RP_VARIANT(4, 1, 4, 1, "dp4ahi-ks1-rpc4-pf1");
     RP_VARIANT(1, 1, 4, 1, "dp4a-ks1-rpc4-pf1");
     RP_VARIANT(1, 1, 4, 2, "dp4a-ks1-rpc4-pf2");
     RP_VARIANT(1, 2, 2, 2, "dp4a-ks2-rpc2-pf2");
