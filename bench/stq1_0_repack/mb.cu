@@ -371,7 +371,11 @@ static void prep_acts(int K, std::vector<float> & xf, std::vector<int8_t> & q, s
                 for (int h = 0; h < 2; ++h)
                     for (int p = 0; p < 4; ++p) {
                         const int G = 8*kk + 4*h + t;
+#ifndef MB_PLANT
                         ap[256*b + 64*t + 4*(2*kk + h) + p] = q[256*b + (G/16)*64 + G % 16 + 16*p];
+#else // a planted bug for the test: two lanes of every group swapped
+                        ap[256*b + 64*t + 4*(2*kk + h) + p] = q[256*b + (G/16)*64 + G % 16 + 16*(p ^ 1)];
+#endif
                     }
 }
 
