@@ -319,6 +319,97 @@ __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ 
     }
 }
 
+// NC columns (tokens) at once through mma: B column g (lanes 4g..4g+3) = token g (< NC; the others repeat token
+// 0 and are dropped); C: c0/c1 = row g, tokens 2t/2t+1; c2/c3 = row g+8. A (the decode) is shared by the tokens.
+// Activations: token j at A + j*K/16 (uint4), scales at dA + j*nb.
+template <int NC, int KS, int RPC, int PF, bool HI>
+__launch_bounds__(32*KS*RPC)
+__global__ void k_rp16_nc(const uint4 * __restrict__ W, const uint4 * __restrict__ A, const float * __restrict__ dA,
+                          float * __restrict__ dst, const int ntiles, const int nrows, const int K) {
+    __shared__ int tab[32];
+    __shared__ float red[RPC][KS][16][NC];
+    const int lane = threadIdx.x;
+    const int ks   = threadIdx.y % KS;
+    const int rgl  = threadIdx.y / KS;
+    const int rg   = blockIdx.x*RPC + rgl;
+    if (threadIdx.y == 0) tab[lane] = c_table[lane];
+    __syncthreads();
+    const char * tb = (const char *) tab;
+    const int nb = K/256;
+    const uint4 * wp = W + (int64_t) rg*ntiles*TILE_U4;
+    const int g = lane / 4, t = lane % 4;
+    const int colB = g < NC ? g : 0;
+    const int col0 = 2*t < NC ? 2*t : 0, col1 = 2*t + 1 < NC ? 2*t + 1 : 0;
+    const uint4 * Ab = A + (int64_t) colB*(K/16);
+
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; // [row g / g+8][token 2t / 2t+1]
+    uint4 cur[6];
+    auto load = [&](uint4 * r, int i) {
+        const uint4 * p = wp + (int64_t) i*TILE_U4;
+#pragma unroll
+        for (int c = 0; c < 5; ++c) r[c] = __ldcs(p + 32*c + lane);
+        r[5] = __ldcs(p + 160 + g);
+    };
+    const int niter = (ntiles + KS - 1)/KS;
+    load(cur, min(ks, ntiles - 1));
+    uint4 nx1[6];
+    if constexpr (PF == 2) load(nx1, min(ks + KS, ntiles - 1));
+    for (int it = 0; it < niter; ++it) {
+        const int i_raw = ks + it*KS;
+        const int i = min(i_raw, ntiles - 1);
+        const float live = i_raw < ntiles ? 1.0f : 0.0f;
+        uint4 nxt[6];
+        load(nxt, min(i_raw + PF*KS, ntiles - 1));
+        const uint32_t * w = (const uint32_t *) cur;
+#pragma unroll
+        for (int bl = 0; bl < TILE_BLKS; ++bl) {
+            const int b = i*TILE_BLKS + bl;
+            const uint4 * ap = Ab + (int64_t) b*16 + t*4;
+            uint32_t aw[16];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const uint4 v = __ldg(ap + k);
+                aw[4*k + 0] = v.x; aw[4*k + 1] = v.y; aw[4*k + 2] = v.z; aw[4*k + 3] = v.w;
+            }
+            const float da0 = __ldg(dA + col0*nb + b)*live;
+            const float da1 = __ldg(dA + col1*nb + b)*live;
+            const half2 dw = ((const half2 *) &cur[5])[bl];
+            int c[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+            int s0 = 0, s1 = 0;
+            rp_steps<HI ? 3 : 0, 0>(w + 5*bl, tb, aw, c, s0, s1);
+            const float dw0 = __low2float(dw), dw1 = __high2float(dw);
+            acc[0][0] = fmaf((float) (c[0][0] + c[1][0]), dw0*da0, acc[0][0]);
+            acc[0][1] = fmaf((float) (c[0][1] + c[1][1]), dw0*da1, acc[0][1]);
+            acc[1][0] = fmaf((float) (c[0][2] + c[1][2]), dw1*da0, acc[1][0]);
+            acc[1][1] = fmaf((float) (c[0][3] + c[1][3]), dw1*da1, acc[1][1]);
+        }
+#pragma unroll
+        for (int c = 0; c < 6; ++c) {
+            if constexpr (PF == 2) {
+                cur[c] = nx1[c];
+                nx1[c] = nxt[c];
+            } else {
+                cur[c] = nxt[c];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            if (2*t + j < NC) red[rgl][ks][g + 8*r][2*t + j] = acc[r][j];
+    __syncthreads();
+    if (ks == 0) {
+        for (int e = lane; e < 16*NC; e += 32) {
+            const int row = e % 16, col = e / 16;
+            float sum = red[rgl][0][row][col];
+#pragma unroll
+            for (int k = 1; k < KS; ++k) sum += red[rgl][k][row][col];
+            dst[(int64_t) col*nrows + rg*16 + row] = sum;
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // host side
 
@@ -327,6 +418,7 @@ struct Case {
     int nrows, K;
     int n_experts, n_used; // routed: n_experts stacked matrices, n_used chosen per call (0 = plain MUL_MAT)
     int ncopies;           // rotated weight copies (plain) or id sets (routed)
+    int ncols = 1;         // columns (tokens) of the activations, plain MUL_MAT only
 };
 
 static float half_to_float_host(uint16_t h) {
@@ -350,11 +442,11 @@ static void dequant_block_v(const uint8_t * blk, int8_t v[256]) {
 // activations: floats in [-1, 1) with a few outliers (fixed seed); RP16: int8 per 256 values (q, natural order,
 // scale dA), then the permuted words ap
 static void prep_acts(int K, std::vector<float> & xf, std::vector<int8_t> & q, std::vector<float> & dA,
-                      std::vector<int8_t> & ap) {
+                      std::vector<int8_t> & ap, int col = 0) {
     const int nb = K/256;
     xf.resize(K); q.resize(K); dA.resize(nb); ap.resize(K);
     for (int k = 0; k < K; ++k) {
-        const uint64_t r = mix64(0xACu*K + k);
+        const uint64_t r = mix64(0xACu*K + k + 0x1000000ull*col);
         xf[k] = (float) ((double) (r >> 11)/9007199254740992.0*2.0 - 1.0);
         if (r % 97 == 0) xf[k] *= 8.0f;
     }
@@ -527,14 +619,16 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
 
-    std::vector<float> xf;
-    std::vector<int8_t> q, ap;
-    std::vector<float> dA;
-    prep_acts(K, xf, q, dA, ap);
+    const int ncols = cs.ncols;
+    std::vector<std::vector<float>> xfs(ncols), dAs(ncols);
+    std::vector<std::vector<int8_t>> qs(ncols), aps(ncols);
+    for (int c = 0; c < ncols; ++c) prep_acts(K, xfs[c], qs[c], dAs[c], aps[c], c);
     int8_t * dap; float * ddA;
-    CK(cudaMalloc(&dap, K)); CK(cudaMalloc(&ddA, nb*sizeof(float)));
-    CK(cudaMemcpy(dap, ap.data(), K, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ddA, dA.data(), nb*sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dap, (size_t) K*ncols)); CK(cudaMalloc(&ddA, (size_t) nb*ncols*sizeof(float)));
+    for (int c = 0; c < ncols; ++c) {
+        CK(cudaMemcpy(dap + (size_t) c*K, aps[c].data(), K, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(ddA + (size_t) c*nb, dAs[c].data(), nb*sizeof(float), cudaMemcpyHostToDevice));
+    }
 
     // ids: per call n_used distinct experts (routed)
     const int nidsets = routed ? cs.ncopies : 1;
@@ -551,7 +645,8 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
     CK(cudaMalloc(&dids, ids.size()*sizeof(int)));
     CK(cudaMemcpy(dids, ids.data(), ids.size()*sizeof(int), cudaMemcpyHostToDevice));
 
-    const int nout = routed ? nrows*cs.n_used : nrows;
+    const int nout1 = routed ? nrows*cs.n_used : nrows; // outputs per column
+    const int nout  = nout1*ncols;
     float * dout;
     CK(cudaMalloc(&dout, (size_t) nout*sizeof(float)));
 
@@ -564,10 +659,13 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
     }
     std::vector<double> ref_rp(rows.size()), refabs(rows.size());
 #ifdef WITH_BASELINE
-    // baseline activations: mmq q8_1 (DS4: per 32 values half2(d, sum)), from the same floats
+    // baseline activations: mmq q8_1 (DS4: per 32 values half2(d, sum)), from the same floats; block kb of column
+    // c at kb*ncols + c
     const int nkb = K/128;
-    std::vector<block_q8_1_mmq> ym(nkb);
-    for (int kb = 0; kb < nkb; ++kb) {
+    std::vector<block_q8_1_mmq> ym(nkb*ncols);
+    for (int kbc = 0; kbc < nkb*ncols; ++kbc) {
+        const int kb = kbc / ncols;
+        const std::vector<float> & xf = xfs[kbc % ncols];
         for (int s = 0; s < 4; ++s) {
             float amax = 0;
             for (int k = 0; k < 32; ++k) amax = std::max(amax, fabsf(xf[128*kb + 32*s + k]));
@@ -575,24 +673,27 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
             int sum = 0;
             for (int k = 0; k < 32; ++k) {
                 const int qq = (int) lrintf(d > 0 ? xf[128*kb + 32*s + k]/d : 0.0f);
-                ym[kb].qs[32*s + k] = (int8_t) qq;
+                ym[kbc].qs[32*s + k] = (int8_t) qq;
                 sum += qq;
             }
-            ym[kb].ds4[s] = __floats2half2_rn(d, d*sum);
+            ym[kbc].ds4[s] = __floats2half2_rn(d, d*sum);
         }
     }
     block_q8_1_mmq * dym;
-    CK(cudaMalloc(&dym, nkb*sizeof(block_q8_1_mmq)));
-    CK(cudaMemcpy(dym, ym.data(), nkb*sizeof(block_q8_1_mmq), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dym, ym.size()*sizeof(block_q8_1_mmq)));
+    CK(cudaMemcpy(dym, ym.data(), ym.size()*sizeof(block_q8_1_mmq), cudaMemcpyHostToDevice));
     std::vector<double> ref_base(rows.size());
 #endif
     {
         std::vector<uint8_t> hrow(row_bytes);
         int8_t v[256];
         for (size_t i = 0; i < rows.size(); ++i) {
-            const int o = rows[i];
+            const int col = rows[i] / nout1;
+            const int o = rows[i] % nout1;
             const int m = routed ? ids[o / nrows] : 0;
             const int r = o % nrows;
+            const std::vector<int8_t> & q = qs[col];
+            const std::vector<float> & dA = dAs[col];
             CK(cudaMemcpy(hrow.data(), dx + m*mat_bytes + r*row_bytes, row_bytes, cudaMemcpyDeviceToHost));
             double s = 0, sa = 0, sb = 0;
             for (int b = 0; b < nb; ++b) {
@@ -605,7 +706,7 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
 #ifdef WITH_BASELINE
                 // the kernel's formula: d_w * sum over 32-blocks of (s - d * sum(u*q)), u = 1 - v
                 for (int hh = 0; hh < 8; ++hh) {
-                    const block_q8_1_mmq & yb = ym[(256*b + 32*hh)/128];
+                    const block_q8_1_mmq & yb = ym[((256*b + 32*hh)/128)*ncols + col];
                     const int sub = hh % 4;
                     const double dd = __low2float(yb.ds4[sub]), ss = __high2float(yb.ds4[sub]);
                     long us = 0;
@@ -641,15 +742,39 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
         auto L = [=](int call, float * out) {
             const dim3 grid(nrows/4, routed ? cs.n_used : 1, 1), block(32, 1, 1);
             const uint3 one = init_fastdiv_values(1);
-            mul_mat_vec_stq1_0<1, 4, 1, 4><<<grid, block, 4*4*STQ1_0_MMV_TILE_BYTES, st>>>(
-                (const char *) dx + mat_of(call)*mat_bytes, dym, ids_of(call), out, K/2048, nrows, row_bytes,
-                /*stride_kb_y*/ 1, /*stride_col_y*/ 1, /*stride_col_dst*/ nrows,
-                one, /*stride_channel_x*/ routed ? mat_bytes : 0, 0, /*stride_channel_dst*/ routed ? nrows : 0,
-                one, 0, 0, 0, one, /*ids_stride*/ 0);
+#define BASE_LAUNCH(NCB) mul_mat_vec_stq1_0<NCB, 4, 1, 4><<<grid, block, 4*4*STQ1_0_MMV_TILE_BYTES, st>>>( \
+                (const char *) dx + mat_of(call)*mat_bytes, dym, ids_of(call), out, K/2048, nrows, row_bytes, \
+                /*stride_kb_y*/ ncols, /*stride_col_y*/ 1, /*stride_col_dst*/ nrows, \
+                one, /*stride_channel_x*/ routed ? mat_bytes : 0, 0, /*stride_channel_dst*/ routed ? nrows : 0, \
+                one, 0, 0, 0, one, /*ids_stride*/ 0)
+            switch (ncols) {
+                case 1: BASE_LAUNCH(1); break;
+                case 2: BASE_LAUNCH(2); break;
+                case 5: BASE_LAUNCH(5); break;
+                case 8: BASE_LAUNCH(8); break;
+                default: fprintf(stderr, "no baseline for %d columns\n", ncols); exit(2);
+            }
+#undef BASE_LAUNCH
         };
         vs.push_back({"base-0031", [=](int call) { L(call, dout); }, [=](float * o) { L(0, o); }, &ref_base});
     }
 #endif
+#define NC_VARIANT(NC, KS, RPC, PF, HI, NAME) \
+    if (ncols == (NC) && nrg % (RPC) == 0) { \
+        auto L = [=](int call, float * out) { \
+            const dim3 grid(nrg/(RPC)), block(32, (KS)*(RPC)); \
+            k_rp16_nc<NC, KS, RPC, PF, HI><<<grid, block, 0, st>>>((const uint4 *) (drp + mat_of(call)*mat_bytes), \
+                (const uint4 *) dap, ddA, out, ntiles, nrows, K); }; \
+        vs.push_back({NAME, [=](int call) { L(call, dout); }, [=](float * o) { L(0, o); }, &ref_rp}); }
+    if (ncols > 1) {
+        NC_VARIANT(2, 4, 1, 2, false, "mma-n2-ks4-rpc1-pf2");
+        NC_VARIANT(5, 4, 1, 2, false, "mma-n5-ks4-rpc1-pf2");
+        NC_VARIANT(5, 2, 2, 2, false, "mma-n5-ks2-rpc2-pf2");
+        NC_VARIANT(5, 1, 4, 1, false, "mma-n5-ks1-rpc4-pf1");
+        NC_VARIANT(5, 4, 1, 2, true,  "mmahi-n5-ks4-rpc1-pf2");
+        NC_VARIANT(8, 4, 1, 2, false, "mma-n8-ks4-rpc1-pf2");
+        NC_VARIANT(8, 4, 1, 2, true,  "mmahi-n8-ks4-rpc1-pf2");
+    } else {
     RP_VARIANT(0, 1, 4, 1, "mma-ks1-rpc4-pf1");
     RP_VARIANT(0, 1, 4, 2, "mma-ks1-rpc4-pf2");
     RP_VARIANT(0, 2, 2, 1, "mma-ks2-rpc2-pf1");
@@ -667,6 +792,7 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
     RP_VARIANT(2, 1, 4, 1, "loadonly-ks1-rpc4-pf1");
     RP_VARIANT(2, 1, 4, 2, "loadonly-ks1-rpc4-pf2");
     RP_VARIANT(2, 4, 1, 2, "loadonly-ks4-rpc1-pf2");
+    }
 
     // MB_ONLY=a,b,...: keep only the variants whose names contain one of these (the baseline always stays first)
     if (const char * only = getenv("MB_ONLY")) {
@@ -799,9 +925,12 @@ int main(int argc, char ** argv) {
         {"big",    32768, 16384,   0, 0,  3},
         {"decode",  4096, 14336,   0, 0,  8},
         {"routed",  2048,  6144, 256, 8, 16},
+        {"decode-n2", 4096, 14336,  0, 0,  8, 2},
+        {"decode-n5", 4096, 14336,  0, 0,  8, 5},
+        {"decode-n8", 4096, 14336,  0, 0,  8, 8},
     };
     for (auto & c : cases) {
-        if (which == "all" || which == c.name) run_case(c, rounds, reps, csv);
+        if (which == "all" || which == c.name || (which == "n1" && c.ncols == 1)) run_case(c, rounds, reps, csv);
     }
     if (csv) fclose(csv);
     if (g_fail) { fprintf(stderr, "FAILED: at least one kernel gave wrong results\n"); return 1; }
