@@ -13,8 +13,8 @@
 //   bytes 2560..2687: 8 x 16 bytes: for g = 0..7 four half2 (d of row g, d of row g+8), blocks 0..3.
 // The K order inside a 256-block is permuted so that a group's 4 lanes are K-consecutive: permuted position 4G+p
 // holds original weight (G/16)*64 + G%16 + 16p. The activations are quantized to int8 per 256 values (one float
-// scale) and stored per block as [t = 0..3][kk = 0..7][2 words]: word 2kk+h of t = permuted word 8kk + 4h + t, so
-// lane t reads its 16 B-fragment words with four 16-byte loads.
+// scale) and stored per block as [k = 0..3][t = 0..3][4 words]: lane t's word j = 4k + i (j = 2kk + h) is permuted
+// word 8kk + 4h + t, so lane t reads its 16 B-fragment words with four 16-byte loads, each of one 64-byte piece.
 //
 // Every kernel's output is checked against a float64 CPU reference from the GGUF bytes (FACTS dequantization) and
 // the same quantized activations; a mismatch aborts with exit code 1.
@@ -178,13 +178,17 @@ static __device__ __forceinline__ void mma_s8(int c[4], const int a[4], const in
 template <int MODE, int kk>
 static __device__ __forceinline__ void rp_step(const uint32_t * wb, const char * tab, const uint32_t * aw,
                                                int c[2][4], int & s0, int & s1) {
-    constexpr bool HI = MODE >= 3; // 3: mma, 4: dp4a, with the shifts on the FMA pipe
+    constexpr bool HI = MODE == 3 || MODE == 4; // 3: mma, 4: dp4a, with the shifts on the FMA pipe
     int a[4];
-    a[0] = *(const int *) (tab + rp_off<4*kk + 0, HI>(wb));
-    a[1] = *(const int *) (tab + rp_off<4*kk + 1, HI>(wb));
-    a[2] = *(const int *) (tab + rp_off<4*kk + 2, HI>(wb));
-    a[3] = *(const int *) (tab + rp_off<4*kk + 3, HI>(wb));
-    if constexpr (MODE == 0 || MODE == 3) {
+    if constexpr (MODE == 6) { // diagnostic: no table lookup (the offsets themselves as A: wrong results)
+        a[0] = rp_off<4*kk + 0>(wb); a[1] = rp_off<4*kk + 1>(wb); a[2] = rp_off<4*kk + 2>(wb); a[3] = rp_off<4*kk + 3>(wb);
+    } else {
+        a[0] = *(const int *) (tab + rp_off<4*kk + 0, HI>(wb));
+        a[1] = *(const int *) (tab + rp_off<4*kk + 1, HI>(wb));
+        a[2] = *(const int *) (tab + rp_off<4*kk + 2, HI>(wb));
+        a[3] = *(const int *) (tab + rp_off<4*kk + 3, HI>(wb));
+    }
+    if constexpr (MODE == 0 || MODE == 3 || MODE == 5 || MODE == 6) {
         mma_s8(c[kk % 2], a, aw[2*kk], aw[2*kk + 1]);
     } else {
         s0 = __dp4a(a[0], (int) aw[2*kk + 0], s0);
@@ -205,20 +209,22 @@ static __device__ __forceinline__ void rp_steps(const uint32_t * wb, const char 
 
 // MODE 0: int8 mma.m16n8k32 (every B column holds the same activations, so every lane has its rows' sums);
 // MODE 1: dp4a; MODE 2: the same loads without any decode (memory floor of the layout); MODE 3/4: 0/1 with the
-// field shifts as IMAD.HI (FMA pipe) instead of SHF (ALU pipe).
+// field shifts as IMAD.HI (FMA pipe) instead of SHF (ALU pipe); diagnostics (wrong results): MODE 5 = 0 with the
+// activations of a tile's first block used for all 4, MODE 6 = 0 without the table lookup.
 // A CUDA block = RPC row groups x KS warps; warp ks of a row group takes tiles ks, ks + KS, ... (split K),
 // then the KS partial sums are added in a fixed order. grid = (nrg/RPC, experts used).
-template <int MODE, int KS, int RPC, int PF>
+template <int MODE, int KS, int RPC, int PF, int MT = 1>
 __launch_bounds__(32*KS*RPC)
 __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ A, const float * __restrict__ dA,
                        const int * __restrict__ ids, const int64_t expert_u4, float * __restrict__ dst,
                        const int ntiles, const int nrows) {
+    static_assert(PF == 1 || MT == 1, "PF = 2 only with MT = 1");
     __shared__ int tab[32];
-    __shared__ float red[RPC][KS][16];
+    __shared__ float red[RPC][KS][16*MT];
     const int lane = threadIdx.x;
     const int ks   = threadIdx.y % KS;
     const int rgl  = threadIdx.y / KS;
-    const int rg   = blockIdx.x*RPC + rgl;
+    const int rg0  = (blockIdx.x*RPC + rgl)*MT; // first of the MT row groups of this warp
     if (threadIdx.y == 0) tab[lane] = c_table[lane];
     __syncthreads();
     const char * tb = (const char *) tab;
@@ -227,18 +233,23 @@ __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ 
         W   += ids[blockIdx.y]*expert_u4;
         dst += blockIdx.y*nrows;
     }
-    const uint4 * wp = W + (int64_t) rg*ntiles*TILE_U4;
+    const uint4 * wp = W + (int64_t) rg0*ntiles*TILE_U4;
     const int g = lane / 4, t = lane % 4;
 
-    float acc0 = 0.0f, acc1 = 0.0f;
+    float acc0[MT], acc1[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) { acc0[m] = 0.0f; acc1[m] = 0.0f; }
     uint32_t xacc = 0;
 
-    uint4 cur[6];
-    auto load = [&](uint4 * r, int i) {
-        const uint4 * p = wp + (int64_t) i*TILE_U4;
+    uint4 cur[MT][6];
+    auto load = [&](uint4 (*r)[6], int i) {
 #pragma unroll
-        for (int c = 0; c < 5; ++c) r[c] = __ldcs(p + 32*c + lane);
-        r[5] = __ldcs(p + 160 + g);
+        for (int m = 0; m < MT; ++m) {
+            const uint4 * p = wp + ((int64_t) m*ntiles + i)*TILE_U4;
+#pragma unroll
+            for (int c = 0; c < 5; ++c) r[m][c] = __ldcs(p + 32*c + lane);
+            r[m][5] = __ldcs(p + 160 + g);
+        }
     };
     // Control flow the compiler sees as uniform: the same trip count for every warp; a warp past the last tile
     // re-reads the last one and adds it with weight 0 (a loop bound from threadIdx.y makes the compiler treat the
@@ -246,76 +257,94 @@ __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ 
     // PF tiles in flight: cur (being decoded) and, for PF = 2, nx1 (the next), while the one after is loaded
     const int niter = (ntiles + KS - 1)/KS;
     load(cur, min(ks, ntiles - 1));
-    uint4 nx1[6];
+    uint4 nx1[MT][6];
     if constexpr (PF == 2) load(nx1, min(ks + KS, ntiles - 1));
     for (int it = 0; it < niter; ++it) {
         const int i_raw = ks + it*KS;
         const int i = min(i_raw, ntiles - 1);
         const float live = i_raw < ntiles ? 1.0f : 0.0f;
-        uint4 nxt[6];
+        uint4 nxt[MT][6];
         load(nxt, min(i_raw + PF*KS, ntiles - 1));
-        const uint32_t * w = (const uint32_t *) cur;
+        uint32_t aw[16];
+        float da;
 #pragma unroll
         for (int bl = 0; bl < TILE_BLKS; ++bl) {
             const int b = i*TILE_BLKS + bl;
-            const uint4 * ap = A + (int64_t) b*16 + t*4;
-            uint32_t aw[16];
+            // activations of block b: [k = 0..3][t = 0..3] x 16 bytes, so that one 16-byte load of the warp
+            // touches one 64-byte piece (lanes of equal t read equal addresses)
+            const uint4 * ap = A + (int64_t) b*16 + t;
+            if (MODE != 5 || bl == 0) { // MODE 5 (diagnostic): a tile's first block's activations for all 4
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const uint4 v = __ldg(ap + k);
-                aw[4*k + 0] = v.x; aw[4*k + 1] = v.y; aw[4*k + 2] = v.z; aw[4*k + 3] = v.w;
-            }
-            const float da = __ldg(dA + b)*live;
-            const half2 dw = ((const half2 *) &cur[5])[bl];
-            if constexpr (MODE == 2) {
-#pragma unroll
-                for (int j = 0; j < 5; ++j) xacc ^= w[5*bl + j];
-#pragma unroll
-                for (int j = 0; j < 16; ++j) xacc += aw[j];
-                acc0 += __low2float(dw)*da;
-                acc1 += __high2float(dw)*da;
-            } else {
-                int c[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-                int s0 = 0, s1 = 0;
-                rp_steps<MODE, 0>(w + 5*bl, tb, aw, c, s0, s1);
-                if constexpr (MODE == 0 || MODE == 3) {
-                    s0 = c[0][0] + c[1][0];
-                    s1 = c[0][2] + c[1][2];
+                for (int k = 0; k < 4; ++k) {
+                    const uint4 v = __ldg(ap + 4*k);
+                    aw[4*k + 0] = v.x; aw[4*k + 1] = v.y; aw[4*k + 2] = v.z; aw[4*k + 3] = v.w;
                 }
-                acc0 = fmaf((float) s0, __low2float(dw)*da, acc0);
-                acc1 = fmaf((float) s1, __high2float(dw)*da, acc1);
+                da = __ldg(dA + b)*live;
+            }
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                const uint32_t * w = (const uint32_t *) cur[m];
+                const half2 dw = ((const half2 *) &cur[m][5])[bl];
+                if constexpr (MODE == 2) {
+#pragma unroll
+                    for (int j = 0; j < 5; ++j) xacc ^= w[5*bl + j];
+                    if (m == 0) {
+#pragma unroll
+                        for (int j = 0; j < 16; ++j) xacc += aw[j];
+                    }
+                    acc0[m] += __low2float(dw)*da;
+                    acc1[m] += __high2float(dw)*da;
+                } else {
+                    int c[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+                    int s0 = 0, s1 = 0;
+                    rp_steps<MODE, 0>(w + 5*bl, tb, aw, c, s0, s1);
+                    if constexpr (MODE == 0 || MODE == 3 || MODE == 5 || MODE == 6) {
+                        s0 = c[0][0] + c[1][0];
+                        s1 = c[0][2] + c[1][2];
+                    }
+                    acc0[m] = fmaf((float) s0, __low2float(dw)*da, acc0[m]);
+                    acc1[m] = fmaf((float) s1, __high2float(dw)*da, acc1[m]);
+                }
             }
         }
 #pragma unroll
-        for (int c = 0; c < 6; ++c) {
-            if constexpr (PF == 2) {
-                cur[c] = nx1[c];
-                nx1[c] = nxt[c];
-            } else {
-                cur[c] = nxt[c];
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int c = 0; c < 6; ++c) {
+                if constexpr (PF == 2) {
+                    cur[m][c] = nx1[m][c];
+                    nx1[m][c] = nxt[m][c];
+                } else {
+                    cur[m][c] = nxt[m][c];
+                }
             }
         }
     }
-    if constexpr (MODE == 2) {
-        acc0 += (float) (xacc & 1);
-    }
-    if constexpr (MODE == 1 || MODE == 2 || MODE == 4) {
-        // dp4a: lanes t = 0..3 of a row hold parts of its sum
-        acc0 += __shfl_xor_sync(0xFFFFFFFF, acc0, 1);
-        acc1 += __shfl_xor_sync(0xFFFFFFFF, acc1, 1);
-        acc0 += __shfl_xor_sync(0xFFFFFFFF, acc0, 2);
-        acc1 += __shfl_xor_sync(0xFFFFFFFF, acc1, 2);
-    }
-    if (t == 0) {
-        red[rgl][ks][g]     = acc0;
-        red[rgl][ks][g + 8] = acc1;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        if constexpr (MODE == 2) {
+            acc0[m] += (float) (xacc & 1);
+        }
+        if constexpr (MODE == 1 || MODE == 2 || MODE == 4) {
+            // dp4a: lanes t = 0..3 of a row hold parts of its sum
+            acc0[m] += __shfl_xor_sync(0xFFFFFFFF, acc0[m], 1);
+            acc1[m] += __shfl_xor_sync(0xFFFFFFFF, acc1[m], 1);
+            acc0[m] += __shfl_xor_sync(0xFFFFFFFF, acc0[m], 2);
+            acc1[m] += __shfl_xor_sync(0xFFFFFFFF, acc1[m], 2);
+        }
+        if (t == 0) {
+            red[rgl][ks][16*m + g]     = acc0[m];
+            red[rgl][ks][16*m + g + 8] = acc1[m];
+        }
     }
     __syncthreads();
-    if (ks == 0 && lane < 16) {
-        float s = red[rgl][0][lane];
+    for (int e = lane; e < 16*MT; e += 32) {
+        if (ks == 0) {
+            float sum = red[rgl][0][e];
 #pragma unroll
-        for (int k = 1; k < KS; ++k) s += red[rgl][k][lane];
-        dst[rg*16 + lane] = s;
+            for (int k = 1; k < KS; ++k) sum += red[rgl][k][e];
+            dst[rg0*16 + e] = sum;
+        }
     }
 }
 
@@ -364,11 +393,11 @@ __global__ void k_rp16_nc(const uint4 * __restrict__ W, const uint4 * __restrict
 #pragma unroll
         for (int bl = 0; bl < TILE_BLKS; ++bl) {
             const int b = i*TILE_BLKS + bl;
-            const uint4 * ap = Ab + (int64_t) b*16 + t*4;
+            const uint4 * ap = Ab + (int64_t) b*16 + t;
             uint32_t aw[16];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                const uint4 v = __ldg(ap + k);
+                const uint4 v = __ldg(ap + 4*k);
                 aw[4*k + 0] = v.x; aw[4*k + 1] = v.y; aw[4*k + 2] = v.z; aw[4*k + 3] = v.w;
             }
             const float da0 = __ldg(dA + col0*nb + b)*live;
@@ -464,9 +493,9 @@ static void prep_acts(int K, std::vector<float> & xf, std::vector<int8_t> & q, s
                     for (int p = 0; p < 4; ++p) {
                         const int G = 8*kk + 4*h + t;
 #ifndef MB_PLANT
-                        ap[256*b + 64*t + 4*(2*kk + h) + p] = q[256*b + (G/16)*64 + G % 16 + 16*p];
+                        ap[256*b + 64*(kk/2) + 16*t + 4*(2*(kk % 2) + h) + p] = q[256*b + (G/16)*64 + G % 16 + 16*p];
 #else // a planted bug for the test: two lanes of every group swapped
-                        ap[256*b + 64*t + 4*(2*kk + h) + p] = q[256*b + (G/16)*64 + G % 16 + 16*(p ^ 1)];
+                        ap[256*b + 64*(kk/2) + 16*t + 4*(2*(kk % 2) + h) + p] = q[256*b + (G/16)*64 + G % 16 + 16*(p ^ 1)];
 #endif
                     }
 }
@@ -502,7 +531,7 @@ static int selftest() {
                     uint32_t off[32];
                     rp_offs_host(w + 5*bl, off);
                     uint32_t aw[16];
-                    memcpy(aw, ap.data() + 256*b + 64*t, 64);
+                    for (int k = 0; k < 4; ++k) memcpy(aw + 4*k, ap.data() + 256*b + 64*k + 16*t, 16);
                     for (int kk = 0; kk < 8; ++kk) {
                         for (int i = 0; i < 4; ++i) {
                             const uint32_t a = (uint32_t) g_table[off[4*kk + i] >> 2];
@@ -729,11 +758,12 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
     const int64_t expert_u4 = mat_bytes/16;
     const int grid_y = routed ? cs.n_used : 1;
 
-#define RP_VARIANT(MODE, KS, RPC, PF, NAME) \
-    if (nrg % (RPC) == 0) { \
+#define RP_VARIANT(MODE, KS, RPC, PF, NAME) RP_VARIANT_MT(MODE, KS, RPC, PF, 1, NAME)
+#define RP_VARIANT_MT(MODE, KS, RPC, PF, MT, NAME) \
+    if (nrg % ((RPC)*(MT)) == 0) { \
         auto L = [=](int call, float * out) { \
-            const dim3 grid(nrg/(RPC), grid_y), block(32, (KS)*(RPC)); \
-            k_rp16<MODE, KS, RPC, PF><<<grid, block, 0, st>>>((const uint4 *) (drp + mat_of(call)*mat_bytes), \
+            const dim3 grid(nrg/((RPC)*(MT)), grid_y), block(32, (KS)*(RPC)); \
+            k_rp16<MODE, KS, RPC, PF, MT><<<grid, block, 0, st>>>((const uint4 *) (drp + mat_of(call)*mat_bytes), \
                 (const uint4 *) dap, ddA, ids_of(call), expert_u4, out, ntiles, nrows); }; \
         vs.push_back({NAME, [=](int call) { L(call, dout); }, [=](float * o) { L(0, o); }, &ref_rp}); }
 
@@ -775,23 +805,31 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
         NC_VARIANT(8, 4, 1, 2, false, "mma-n8-ks4-rpc1-pf2");
         NC_VARIANT(8, 4, 1, 2, true,  "mmahi-n8-ks4-rpc1-pf2");
     } else {
-    RP_VARIANT(0, 1, 4, 1, "mma-ks1-rpc4-pf1");
-    RP_VARIANT(0, 1, 4, 2, "mma-ks1-rpc4-pf2");
+    // call 1 (2026-12-01 14:12) ran 17 MT = 1 variants; kept: the best of each kind
     RP_VARIANT(0, 2, 2, 1, "mma-ks2-rpc2-pf1");
-    RP_VARIANT(0, 2, 2, 2, "mma-ks2-rpc2-pf2");
     RP_VARIANT(0, 4, 1, 1, "mma-ks4-rpc1-pf1");
-    RP_VARIANT(0, 4, 1, 2, "mma-ks4-rpc1-pf2");
-    RP_VARIANT(3, 1, 4, 1, "mmahi-ks1-rpc4-pf1");
-    RP_VARIANT(3, 2, 2, 2, "mmahi-ks2-rpc2-pf2");
-    RP_VARIANT(3, 4, 1, 2, "mmahi-ks4-rpc1-pf2");
-    RP_VARIANT(4, 1, 4, 1, "dp4ahi-ks1-rpc4-pf1");
     RP_VARIANT(1, 1, 4, 1, "dp4a-ks1-rpc4-pf1");
-    RP_VARIANT(1, 1, 4, 2, "dp4a-ks1-rpc4-pf2");
-    RP_VARIANT(1, 2, 2, 2, "dp4a-ks2-rpc2-pf2");
     RP_VARIANT(1, 4, 1, 2, "dp4a-ks4-rpc1-pf2");
-    RP_VARIANT(2, 1, 4, 1, "loadonly-ks1-rpc4-pf1");
     RP_VARIANT(2, 1, 4, 2, "loadonly-ks1-rpc4-pf2");
     RP_VARIANT(2, 4, 1, 2, "loadonly-ks4-rpc1-pf2");
+    // MT row groups (16 rows each) per warp: the activation loads and the block loop shared by MT m-tiles
+    RP_VARIANT_MT(0, 1, 4, 1, 2, "mma-mt2-ks1-rpc4");
+    RP_VARIANT_MT(0, 2, 2, 1, 2, "mma-mt2-ks2-rpc2");
+    RP_VARIANT_MT(0, 4, 1, 1, 2, "mma-mt2-ks4-rpc1");
+    RP_VARIANT_MT(0, 8, 1, 1, 2, "mma-mt2-ks8-rpc1");
+    RP_VARIANT_MT(3, 4, 1, 1, 2, "mmahi-mt2-ks4-rpc1");
+    RP_VARIANT_MT(1, 4, 1, 1, 2, "dp4a-mt2-ks4-rpc1");
+    RP_VARIANT_MT(1, 2, 2, 1, 2, "dp4a-mt2-ks2-rpc2");
+    RP_VARIANT_MT(0, 4, 1, 1, 4, "mma-mt4-ks4-rpc1");
+    RP_VARIANT_MT(0, 8, 1, 1, 4, "mma-mt4-ks8-rpc1");
+    RP_VARIANT_MT(2, 4, 1, 1, 2, "loadonly-mt2-ks4-rpc1");
+    RP_VARIANT_MT(2, 4, 1, 1, 4, "loadonly-mt4-ks4-rpc1");
+    // diagnostics (wrong results, not checked): mma-ks4-rpc1-pf1 and mma-mt2-ks4-rpc1 with a tile's activations
+    // loaded once (not per block), and with no table lookup
+    RP_VARIANT(5, 4, 1, 1, "diag-noact-ks4-rpc1-pf1");
+    RP_VARIANT(6, 4, 1, 1, "diag-nolds-ks4-rpc1-pf1");
+    RP_VARIANT_MT(5, 4, 1, 1, 2, "diag-noact-mt2-ks4-rpc1");
+    RP_VARIANT_MT(6, 4, 1, 1, 2, "diag-nolds-mt2-ks4-rpc1");
     }
 
     // MB_ONLY=a,b,...: keep only the variants whose names contain one of these (the baseline always stays first)
@@ -822,7 +860,9 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(out.data(), dout, (size_t) nout*sizeof(float), cudaMemcpyDeviceToHost));
-            if (v.name.find("loadonly") != std::string::npos) continue; // computes no product
+            if (v.name.find("loadonly") != std::string::npos || v.name.find("diag-") != std::string::npos) {
+                continue; // computes no product / a wrong one on purpose
+            }
             check(when, v.name, out, rows, *v.ref, refabs);
         }
     };

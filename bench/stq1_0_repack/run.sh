@@ -14,9 +14,9 @@ MB_CSV=$OUT/run1.csv ./mb all ${MB_ROUNDS:-20} ${MB_REPS:-30} 2>&1 | tee "$OUT/r
 MB_CSV=$OUT/run2.csv ./mb all ${MB_ROUNDS:-20} ${MB_REPS:-30} > "$OUT/run2.log" 2>&1 || { echo "run2 failed: $?"; tail -20 "$OUT/run2.log"; exit 5; }
 grep -E "^==|^variant|^(base|mma|dp4a|load)" "$OUT/run2.log"
 if [ "${1:-}" = ncu ]; then
-    MB_ONLY=${NCU_ONLY:-mma-ks1-rpc4-pf1,mmahi-ks1-rpc4-pf1,dp4a-ks1-rpc4-pf1} timeout 100 ncu --clock-control none \
-        --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
-        -k regex:'k_rp16|mul_mat_vec_stq1_0' --launch-count ${NCU_COUNT:-4} ./mb big 1 1 > "$OUT/ncu.log" 2>&1
+    MB_ONLY=${NCU_ONLY:-mma-ks4-rpc1-pf1,mma-mt2-ks4-rpc1} timeout 100 ncu --clock-control none \
+        --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        -k regex:'k_rp16|mul_mat_vec_stq1_0' --launch-count ${NCU_COUNT:-3} ./mb big 1 1 > "$OUT/ncu.log" 2>&1
     echo "ncu rc=$?"
     grep -E "k_rp16|mul_mat_vec_stq1_0|Duration|Issue Slots Busy|Issued Ipc|No Eligible|Warp Cycles Per Issued|Achieved Occupancy|Memory Throughput|DRAM Throughput|Registers Per|Pipe|pipe" "$OUT/ncu.log" | head -60
 fi
