@@ -10,9 +10,9 @@ INC="-DWITH_BASELINE -DGGML_USE_CUDA -I ggml/src -I ggml/include -I ggml/src/ggm
 ( time nvcc -std=c++17 -O3 -arch=sm_90 -Xptxas -v $INC mb.cu -o mb ) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 3; }
 grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | head -5
 set -o pipefail
-MB_CSV=$OUT/run1.csv ./mb all ${MB_ROUNDS:-20} ${MB_REPS:-30} 2>&1 | tee "$OUT/run1.log" || { echo "run1 failed: $?"; exit 4; }
+MB_CSV=$OUT/run1.csv ./mb all ${MB_ROUNDS:-20} ${MB_REPS:-30} 2>&1 > "$OUT/run1.log" || { echo "run1 failed: $?"; exit 4; }
 MB_CSV=$OUT/run2.csv ./mb all ${MB_ROUNDS:-20} ${MB_REPS:-30} > "$OUT/run2.log" 2>&1 || { echo "run2 failed: $?"; tail -20 "$OUT/run2.log"; exit 5; }
-grep -E "^==|^variant|^(base|mma|dp4a|load)" "$OUT/run2.log"
+grep -E "^==|^variant|^(base|mma|dp4a|load|diag)" "$OUT/run2.log"
 if [ "${1:-}" = ncu ]; then
     MB_ONLY=${NCU_ONLY:-mma-ks4-rpc1-pf1,mma-mt2-ks4-rpc1} timeout 100 ncu --clock-control none \
         --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
