@@ -210,7 +210,9 @@ static __device__ __forceinline__ void rp_steps(const uint32_t * wb, const char 
 // MODE 0: int8 mma.m16n8k32 (every B column holds the same activations, so every lane has its rows' sums);
 // MODE 1: dp4a; MODE 2: the same loads without any decode (memory floor of the layout); MODE 3/4: 0/1 with the
 // field shifts as IMAD.HI (FMA pipe) instead of SHF (ALU pipe); diagnostics (wrong results): MODE 5 = 0 with the
-// activations of a tile's first block used for all 4, MODE 6 = 0 without the table lookup.
+// activations of a tile's first block used for all 4, MODE 6 = 0 without the table lookup; MODE 7: dp4a with the
+// block sums of a row added as integers across its 4 lanes, then the float steps of MODE 0 and k_rp16_nc (the same
+// float results as those for the same KS: batch invariance between the n = 1 dp4a and the n = 2..8 mma kernels).
 // A CUDA block = RPC row groups x KS warps; warp ks of a row group takes tiles ks, ks + KS, ... (split K),
 // then the KS partial sums are added in a fixed order. grid = (nrg/RPC, experts used).
 template <int MODE, int KS, int RPC, int PF, int MT = 1>
@@ -301,6 +303,15 @@ __global__ void k_rp16(const uint4 * __restrict__ W, const uint4 * __restrict__ 
                     if constexpr (MODE == 0 || MODE == 3 || MODE == 5 || MODE == 6) {
                         s0 = c[0][0] + c[1][0];
                         s1 = c[0][2] + c[1][2];
+                    }
+                    if constexpr (MODE == 7) {
+                        // the 4 lanes' partial block sums added as integers (rows g, g+8 packed in 16-bit halves:
+                        // |s| <= 64*127 per lane, |sum| <= 32512), so the float steps are those of the mma kernels
+                        int pk = s0 + (s1 << 16);
+                        pk += __shfl_xor_sync(0xFFFFFFFF, pk, 1);
+                        pk += __shfl_xor_sync(0xFFFFFFFF, pk, 2);
+                        s0 = (int) (int16_t) (pk & 0xFFFF);
+                        s1 = (pk - s0) >> 16;
                     }
                     acc0[m] = fmaf((float) s0, __low2float(dw)*da, acc0[m]);
                     acc1[m] = fmaf((float) s1, __high2float(dw)*da, acc1[m]);
@@ -820,6 +831,8 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
     RP_VARIANT_MT(3, 4, 1, 1, 2, "mmahi-mt2-ks4-rpc1");
     RP_VARIANT_MT(1, 4, 1, 1, 2, "dp4a-mt2-ks4-rpc1");
     RP_VARIANT_MT(1, 2, 2, 1, 2, "dp4a-mt2-ks2-rpc2");
+    RP_VARIANT_MT(7, 2, 2, 1, 2, "dp4abi-mt2-ks2-rpc2");
+    RP_VARIANT_MT(7, 4, 1, 1, 2, "dp4abi-mt2-ks4-rpc1");
     RP_VARIANT_MT(0, 4, 1, 1, 4, "mma-mt4-ks4-rpc1");
     RP_VARIANT_MT(0, 8, 1, 1, 4, "mma-mt4-ks8-rpc1");
     RP_VARIANT_MT(2, 4, 1, 1, 2, "loadonly-mt2-ks4-rpc1");
@@ -867,6 +880,39 @@ static void run_case(const Case & cs, int rounds, int reps, FILE * csv) {
         }
     };
     check_all("before");
+
+    // batch invariance (ncols > 1): column 0 of the n-token mma kernel (KS 4) against the n = 1 kernels with the
+    // same KS on column 0's activations (dp4a with integer block sums, MT2; mma, MT1): bit-identical or FAIL
+    if (ncols > 1 && nrg % 2 == 0) {
+        std::vector<float> a(nout), b1(nrows), b2(nrows);
+        float * d1; CK(cudaMalloc(&d1, (size_t) nrows*sizeof(float)));
+        CK(cudaMemset(dout, 0xFF, (size_t) nout*sizeof(float)));
+        switch (ncols) {
+            case 2: k_rp16_nc<2, 4, 1, 2, false><<<nrg, dim3(32, 4)>>>((const uint4 *) drp, (const uint4 *) dap, ddA, dout, ntiles, nrows, K); break;
+            case 5: k_rp16_nc<5, 4, 1, 2, false><<<nrg, dim3(32, 4)>>>((const uint4 *) drp, (const uint4 *) dap, ddA, dout, ntiles, nrows, K); break;
+            case 8: k_rp16_nc<8, 4, 1, 2, false><<<nrg, dim3(32, 4)>>>((const uint4 *) drp, (const uint4 *) dap, ddA, dout, ntiles, nrows, K); break;
+            default: break;
+        }
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(a.data(), dout, (size_t) nout*sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaMemset(d1, 0xFF, (size_t) nrows*sizeof(float)));
+        k_rp16<7, 4, 1, 1, 2><<<nrg/2, dim3(32, 4)>>>((const uint4 *) drp, (const uint4 *) dap, ddA, nullptr, 0, d1, ntiles, nrows);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(b1.data(), d1, (size_t) nrows*sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaMemset(d1, 0xFF, (size_t) nrows*sizeof(float)));
+        k_rp16<0, 4, 1, 1, 1><<<nrg, dim3(32, 4)>>>((const uint4 *) drp, (const uint4 *) dap, ddA, nullptr, 0, d1, ntiles, nrows);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(b2.data(), d1, (size_t) nrows*sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaFree(d1));
+        int diff1 = 0, diff2 = 0;
+        for (int r = 0; r < nrows; ++r) {
+            diff1 += memcmp(&a[r], &b1[r], 4) != 0;
+            diff2 += memcmp(&a[r], &b2[r], 4) != 0;
+        }
+        printf("invariance: mma-n%d-ks4 column 0 vs n=1 dp4abi-mt2-ks4: %d of %d rows differ; vs n=1 mma-ks4: %d differ  %s\n",
+               ncols, diff1, nrows, diff2, diff1 || diff2 ? "FAIL" : "ok");
+        if (diff1 || diff2) g_fail = 1;
+    }
 
     // timing: rounds in alternating order (AB / BA), reps calls per sample rotating over copies / id sets
     cudaEvent_t e0, e1;
