@@ -191,6 +191,19 @@ def test_cuda_megakernel_matches_graph(tmp_path, cuda_build, synth_f16_target):
     assert r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
 
 
+def test_cuda_megakernel_real_gemma3_against_graph_and_cpu(tmp_path, cuda_build, gemma_model):
+    """The real Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 weights) over 128 teacher-forced steps: the megakernel
+    must be at least as close to the CPU's logits as the CUDA graph is (test-mk --cpu-ref), and verify == decode."""
+    exe = _build_test_mk(tmp_path, cuda_build)
+    r = subprocess.run([str(exe), "-m", str(gemma_model), "-n", "128", "--rounds", "0", "--cpu-ref",
+                        "--max-nmse", "10", "--max-disagree", "1000"], capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    print("\n".join(line for line in out.splitlines() if line.startswith(("vs the CPU", "verify ==", "teacher", "free", "test-mk"))))
+    assert "llama_mk: megakernel on" in out
+    assert re.search(r"vs the CPU, 128 teacher-forced steps: .*: ok", out), out[-3000:]
+    assert r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
+
+
 def test_cuda_megakernel_planted_barrier_bug_fails(tmp_path, cuda_build, synth_f16_target):
     exe = _build_test_mk(tmp_path, cuda_build)
     env = dict(os.environ, LLAMA_MEGAKERNEL_DEBUG="1")
