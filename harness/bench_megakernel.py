@@ -14,8 +14,9 @@ On a Mac (Apple silicon), from a checkout of this repository (README "Megakernel
         --json mk-mac.json
 
 --backend metal builds the series for Metal (the harness cache) when --build is not given; --check first
-runs test-mk's correctness checks on a small synthetic gemma4 model and on --model (logits vs the Metal
-graph, greedy agreement, verify == decode bitwise for M = 2..8): the first time Apple's compiler and an
+runs test-mk's correctness checks on a small synthetic gemma4 model (logits vs the Metal graph, greedy
+agreement) and on --model (logits vs a CPU copy of the model: the megakernel must be at least as close to the
+CPU as the graph), both with verify == decode bitwise for M = 2..8: the first time Apple's compiler and an
 Apple GPU run the kernel, these say whether it is right before its speed means anything.
 """
 
@@ -70,13 +71,19 @@ def parse(out: str) -> dict:
     return res
 
 
-def check(exe: Path, model: Path, n: int) -> tuple[bool, str]:
-    """test-mk's correctness checks on one model (no timing): (passed, summary lines)."""
+def check(exe: Path, model: Path, n: int, cpu_ref: bool = False) -> tuple[bool, str]:
+    """test-mk's correctness checks on one model (no timing): (passed, summary lines). cpu_ref: judge the logits
+    against a CPU copy of the model (the megakernel must be at least as close to it as the graph is) instead of
+    bounding their distance to the graph's: a real model's quantized weights make the GPU graph itself differ
+    (the real Gemma 3 270M on the H200: graph vs CPU NMSE mean 4e-3, megakernel vs CPU 1.8e-3)."""
     cmd = [str(exe), "-m", str(model), "-n", str(n), "--rounds", "0"]
+    if cpu_ref:
+        cmd += ["--cpu-ref", "--max-nmse", "10", "--max-disagree", str(n)]
     print("running:", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     out = r.stdout + r.stderr
-    lines = [x for x in out.splitlines() if x.startswith(("llama_mk:", "ggml_metal_mk", "teacher", "free", "verify", "test-mk"))
+    lines = [x for x in out.splitlines() if x.startswith(("llama_mk:", "ggml_metal_mk", "teacher", "free", "verify", "test-mk",
+                                                          "vs the CPU"))
              or "error" in x.lower()]
     return r.returncode == 0 and "test-mk: passed" in out and "megakernel on" in out, "\n".join(lines)
 
@@ -95,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     "for this backend (harness cache) and use that build")
     ap.add_argument("--build", type=Path, help="build directory of the series (bin/ with libllama)")
     ap.add_argument("--model", type=Path, required=True, help="a gemma3/gemma4 GGUF")
-    ap.add_argument("--check", action="store_true", help="first check correctness (synthetic gemma4 model and --model)")
+    ap.add_argument("--check", action="store_true", help="first check correctness: the synthetic gemma4 model against the "
+                    "graph, --model against a CPU copy of it (test-mk --cpu-ref), verify == decode on both")
     ap.add_argument("--rounds", type=int, default=6, help="AB/BA rounds (default 6)")
     ap.add_argument("--tg", type=int, default=64, help="tokens generated per round (default 64)")
     ap.add_argument("--fa", type=int, choices=(0, 1), default=0, help="flash attention for the graph (default 0)")
@@ -113,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as td:
         exe = build_test_mk(args.build, Path(td) / "test-mk")
         if args.check:
-            for name, model, n in (("synthetic gemma4", synth_model(), 32), (args.model.name, args.model, 32)):
-                ok, lines = check(exe, model, n)
+            for name, model, n, ref in (("synthetic gemma4", synth_model(), 32, False), (args.model.name, args.model, 32, True)):
+                ok, lines = check(exe, model, n, cpu_ref=ref)
                 checks[name] = {"passed": ok, "lines": lines}
                 print(f"check on {name}: {'passed' if ok else 'FAILED'}\n{lines}", flush=True)
         cmd = [str(exe), "-m", str(args.model), "-n", "8", "--rounds", str(args.rounds), "--bench-n", str(args.tg),
