@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 from . import config
-from .util import HarnessError, which
+from .util import HarnessError, atomic_write_bytes, which
 
 TEST_MK = config.MEGAKERNEL_DIR / "tests" / "test-mk.cpp"
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if checks:
         res["checks"] = checks
     if args.json:
-        args.json.write_text(json.dumps(res, indent=2))
+        atomic_write_bytes(args.json, json.dumps(res, indent=2).encode())
     return 0 if all(c["passed"] for c in checks.values()) else 1
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import config, spec  # noqa: E402
+from harness.util import atomic_write_bytes  # noqa: E402
 
 N_PREDICT = 160
 # prompts of at most 4 tokens with the BOS (Gemma's tokenizer): two of them prefill in one megakernel step
@@ -120,7 +121,7 @@ def main() -> int:
 
     print(f"server_check: {'FAILED' if fails else 'passed'} ({fails} failing)")
     if a.json:
-        a.json.write_text(json.dumps(results, indent=1))
+        atomic_write_bytes(a.json, json.dumps(results, indent=1).encode())
     return 1 if fails else 0
 
 
