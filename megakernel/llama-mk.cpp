@@ -34,20 +34,24 @@ struct llama_mk {
     ggml_mk_model          plan = {};
     bool                   iswa = false;
     bool                   multi_stream = false; // non-unified KV cache of several sequences: one stream per sequence
+    bool                   v_trans = false;      // V stored transposed (no flash attention): streams cannot be concatenated
 
     // host staging for one step
     std::vector<float>     embd;     // [n_tokens][n_embd]
     std::vector<float>     pl_embd;  // [n_tokens][n_embd_pl*n_layer]
     std::vector<uint8_t>   row_buf;
+    std::vector<float>     mask_cat[GGML_MK_N_CACHES];   // masks over the streams of a batch laid end to end
     ggml_context         * ctx_host = nullptr;   // mask + idx tensors in a host buffer
     ggml_backend_buffer_t  buf_host = nullptr;
     uint32_t               host_n_kv[GGML_MK_N_CACHES] = {0, 0};
     uint32_t               host_n_tokens = 0;
+    uint32_t               host_n_stream = 0;
     ggml_tensor          * t_mask[GGML_MK_N_CACHES] = {nullptr, nullptr};
     ggml_tensor          * t_idx [GGML_MK_N_CACHES] = {nullptr, nullptr};
     ggml_context         * ctx_views = nullptr;
 
     std::set<std::string>  said;     // reasons already logged
+    bool                   said_streams = false;
 
     // LLAMA_MEGAKERNEL_PROFILE=1: the host's share of one-token steps (us, summed)
     bool    prof = false;
@@ -225,6 +229,7 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
     auto mk = llama_mk_ptr(new llama_mk());
     mk->model = &model;
     mk->multi_stream = !cparams.kv_unified && cparams.n_seq_max > 1;
+    mk->v_trans      = !cparams.flash_attn;   // (llama_context: the KV cache stores V transposed without flash attention)
     ggml_mk_model & p = mk->plan;
     llama_mk_builder b;
 
@@ -426,13 +431,15 @@ bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_c
             return false;
         }
     }
-    // one KV stream per ubatch (a non-unified cache with -np N spreads a batch over N streams, each
-    // with its own cells and mask: not handled yet). Decided from the sequences, not from a cache view:
-    // before apply() the memory context's n_kv is not set yet
-    if (mk->multi_stream) {
+    // a non-unified cache with -np N spreads a batch over N streams, each with its own cells and mask: the step
+    // then sees the streams laid end to end (llama_mk_decode), which needs K and V rows of a cell to be cells of one
+    // array across the streams: not so for transposed V. Decided from the sequences, not from a cache view: before
+    // apply() the memory context's n_kv is not set yet
+    if (mk->multi_stream && mk->v_trans) {
         for (uint32_t i = 1; i < ubatch.n_tokens; ++i) {
             if (ubatch.seq_id[i][0] != ubatch.seq_id[0][0]) {
-                llama_mk_say_once(mk, "a batch across several KV streams (-np N without a unified KV cache)");
+                llama_mk_say_once(mk, "a batch across several KV streams with V transposed (-np N without a unified KV cache, "
+                                      "flash attention off)");
                 return false;
             }
         }
@@ -440,8 +447,9 @@ bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_c
     return true;
 }
 
-static bool llama_mk_host_tensors(llama_mk * mk, const uint32_t n_kv[GGML_MK_N_CACHES], uint32_t n_tokens) {
-    if (mk->ctx_host && n_tokens == mk->host_n_tokens && n_kv[0] == mk->host_n_kv[0] && n_kv[1] == mk->host_n_kv[1]) {
+static bool llama_mk_host_tensors(llama_mk * mk, const uint32_t n_kv[GGML_MK_N_CACHES], uint32_t n_tokens, uint32_t n_stream) {
+    if (mk->ctx_host && n_tokens == mk->host_n_tokens && n_kv[0] == mk->host_n_kv[0] && n_kv[1] == mk->host_n_kv[1] &&
+        n_stream == mk->host_n_stream) {
         return true;
     }
     if (mk->buf_host) {
@@ -455,7 +463,8 @@ static bool llama_mk_host_tensors(llama_mk * mk, const uint32_t n_kv[GGML_MK_N_C
     ggml_init_params ip = { 8*ggml_tensor_overhead(), nullptr, true };
     mk->ctx_host = ggml_init(ip);
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
-        mk->t_mask[c] = ggml_new_tensor_4d(mk->ctx_host, GGML_TYPE_F32, std::max<uint32_t>(n_kv[c], 1), n_tokens, 1, 1);
+        // (the layout llama.cpp's graph input has: [n_kv, tokens per stream, 1, streams], tokens stream by stream)
+        mk->t_mask[c] = ggml_new_tensor_4d(mk->ctx_host, GGML_TYPE_F32, std::max<uint32_t>(n_kv[c], 1), n_tokens/n_stream, 1, n_stream);
         mk->t_idx[c]  = ggml_new_tensor_1d(mk->ctx_host, GGML_TYPE_I64, n_tokens);
     }
     mk->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(mk->ctx_host, ggml_backend_cpu_buffer_type());
@@ -463,6 +472,7 @@ static bool llama_mk_host_tensors(llama_mk * mk, const uint32_t n_kv[GGML_MK_N_C
         return false;
     }
     mk->host_n_tokens = n_tokens;
+    mk->host_n_stream = n_stream;
     mk->host_n_kv[0]  = n_kv[0];
     mk->host_n_kv[1]  = n_kv[1];
     return true;
@@ -502,7 +512,13 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
         n_kv[c] = kc[c] ? kc[c]->get_n_kv() : 0;
     }
-    if (!llama_mk_host_tensors(mk, n_kv, n_tokens)) {
+    // the streams of this batch (a non-unified cache: one per sequence)
+    const uint32_t n_stream = mk->multi_stream ? std::max<uint32_t>(ubatch.n_seqs_unq, 1) : 1;
+    if (n_tokens % n_stream != 0) {
+        LLAMA_LOG_ERROR("llama_mk: %u tokens over %u KV streams\n", n_tokens, n_stream);
+        return false;
+    }
+    if (!llama_mk_host_tensors(mk, n_kv, n_tokens, n_stream)) {
         LLAMA_LOG_ERROR("llama_mk: cannot allocate the host staging tensors\n");
         return false;
     }
@@ -524,11 +540,15 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
     }
     ggml_reset(mk->ctx_views);
     int64_t first_cell[GGML_MK_N_CACHES] = { -1, -1 };
+    int64_t kv_size[GGML_MK_N_CACHES]    = { 0, 0 };   // cells per stream
+    int64_t n_view[GGML_MK_N_CACHES]     = { 1, 1 };   // streams the views span (first to last of the batch)
     for (int il = 0; il < p.n_layer; ++il) {
         const int c = (p.layers[il].is_swa && kc[1]) ? 1 : 0;
         ggml_tensor * k = kc[c]->get_k(mk->ctx_views, il);
         if (first_cell[c] < 0) {
             first_cell[c] = (int64_t) (k->view_offs / k->nb[2]);
+            kv_size[c]    = (int64_t) (k->nb[3] / k->nb[2]);
+            n_view[c]     = k->ne[3];
         }
         ggml_tensor * v = kc[c]->get_v(mk->ctx_views, il);
         ggml_mk_kv_view & kv = st.kv[il];
@@ -554,6 +574,31 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         const int64_t * idx = (const int64_t *) mk->t_idx[c]->data;
         for (uint32_t i = 0; i < n_tokens; ++i) {
             st.kv_idx[c][i] = idx[i] - std::max<int64_t>(first_cell[c], 0);
+        }
+        if (n_view[c] > 1) {
+            // several streams: the kernel sees them end to end (stream j's cell x is cell j*kv_size + x of the views:
+            // K and plain V rows are one array across the streams), each token's mask -INF outside its own stream's
+            // n_kv cells. With kv_size a multiple of the attention chunk a sequence's chunks are the ones it has
+            // alone, so its logits do not depend on the other streams (the combine order stays its own)
+            if (mk->v_trans || kv_size[c] % std::max(p.att_chunk, 1) != 0) {
+                LLAMA_LOG_ERROR("llama_mk: KV streams that cannot be laid end to end (V transposed or %lld cells per stream)\n",
+                                (long long) kv_size[c]);
+                return false;
+            }
+            const int64_t W = (n_view[c] - 1)*kv_size[c] + n_kv[c];
+            mk->mask_cat[c].assign((size_t) n_tokens*W, -INFINITY);
+            const float * m = (const float *) mk->t_mask[c]->data;
+            for (uint32_t i = 0; i < n_tokens; ++i) {
+                const int64_t j = st.kv_idx[c][i] / kv_size[c];   // the token's stream, counted from the first in view
+                memcpy(mk->mask_cat[c].data() + (size_t) i*W + j*kv_size[c], m + (size_t) i*n_kv[c], n_kv[c]*sizeof(float));
+            }
+            st.mask[c] = mk->mask_cat[c].data();
+            st.n_kv[c] = (int32_t) W;
+            if (!mk->said_streams) {
+                mk->said_streams = true;
+                LLAMA_LOG_INFO("llama_mk: a step over %lld KV streams (laid end to end, %lld cells each)\n",
+                               (long long) n_view[c], (long long) kv_size[c]);
+            }
         }
     }
     if (!kc[1]) {

@@ -151,3 +151,33 @@ def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synt
           f"{sum(len(g.logprobs) for g in got.gens)} log-probabilities equal")
     assert got.draft_accepted > 0, "no draft accepted: the check proves nothing"
     assert got.draft_accepted < got.draft_n, "no draft rejected: the KV rollback was not exercised"
+
+
+def test_metal_megakernel_server_two_streams_equal_one_slot(metal_emu_build, synth_small):
+    """-np 2 without a unified KV cache (one stream per sequence), flash attention on (V not transposed): two prompts
+    sent at once run as megakernel steps over both streams (laid end to end, each token masked to its own stream), and
+    each prompt gets the ids and log-probabilities of its one-slot run, across the 16-token window. The prompts are 4
+    tokens long, so even two prefills together are one megakernel step (a longer prefill is the graph, whose bits may
+    depend on what else the batch holds)."""
+    import time
+
+    from harness import config, spec
+    t0 = time.time()
+    bin_dir = metal_emu_build / "bin"
+    if not (bin_dir / "llama-server").is_file():
+        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
+           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
+    prompts, n = ["It was a", "He was a"], 24
+    base = ["-c", "512", "-ngl", "99", "-fa", "on", "-lv", "4"]
+    one = spec.run(bin_dir, synth_small["F16"], prompts, n, args=[*base, "-np", "1"], env=env, label="one slot", timeout=600)
+    two = spec.run(bin_dir, synth_small["F16"], prompts, n, args=[*base, "-np", "2"], env=env, concurrent=True,
+                   label="two slots at once", timeout=600)
+    logs = [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
+    assert len(logs) >= 2 and all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
+    assert any("llama_mk: a step over 2 KV streams" in x for x in logs), "the two-slot server never ran both streams in one step"
+    assert not any("llama_mk: standard graph for this batch" in x for x in logs), "a batch fell back to the graph"
+    for g, h in zip(one.gens, two.gens):
+        assert g.tokens == h.tokens, f"token ids differ from the one-slot run at {spec.first_diff(g.tokens, h.tokens)}"
+        assert len(g.tokens) == n and g.logprobs == h.logprobs, \
+            f"log-probabilities differ from the one-slot run at {spec.first_diff(g.logprobs, h.logprobs)}"
