@@ -34,7 +34,7 @@ struct llama_mk {
     ggml_mk_model          plan = {};
     bool                   iswa = false;
     bool                   multi_stream = false; // non-unified KV cache of several sequences: one stream per sequence
-    bool                   v_trans = false;      // V stored transposed (no flash attention): streams cannot be concatenated
+    bool                   streams_ok = false;   // a batch over several streams can be one step (llama_mk_decode)
 
     // host staging for one step
     std::vector<float>     embd;     // [n_tokens][n_embd]
@@ -229,7 +229,6 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
     auto mk = llama_mk_ptr(new llama_mk());
     mk->model = &model;
     mk->multi_stream = !cparams.kv_unified && cparams.n_seq_max > 1;
-    mk->v_trans      = !cparams.flash_attn;   // (llama_context: the KV cache stores V transposed without flash attention)
     ggml_mk_model & p = mk->plan;
     llama_mk_builder b;
 
@@ -245,6 +244,10 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
     p.n_embd_pl   = is_g4 ? (int32_t) hp.n_embd_per_layer : 0;
     p.n_ctx       = (int32_t) cparams.n_ctx;
     p.att_chunk   = ggml_mk_att_chunk(p.n_ctx);
+    // several streams laid end to end (llama_mk_decode): V not transposed (llama_context stores it transposed without
+    // flash attention), and every stream's cells (n_ctx_seq; the sliding-window caches: multiples of 256) a multiple
+    // of the attention chunk
+    mk->streams_ok = cparams.flash_attn && cparams.n_ctx_seq % p.att_chunk == 0 && 256 % p.att_chunk == 0;
 
     // the token embedding rows are looked up on the host (llama.cpp keeps tok_embd in the input
     // layer's buffer); the kernel starts from them
@@ -435,11 +438,11 @@ bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_c
     // then sees the streams laid end to end (llama_mk_decode), which needs K and V rows of a cell to be cells of one
     // array across the streams: not so for transposed V. Decided from the sequences, not from a cache view: before
     // apply() the memory context's n_kv is not set yet
-    if (mk->multi_stream && mk->v_trans) {
+    if (mk->multi_stream && !mk->streams_ok) {
         for (uint32_t i = 1; i < ubatch.n_tokens; ++i) {
             if (ubatch.seq_id[i][0] != ubatch.seq_id[0][0]) {
-                llama_mk_say_once(mk, "a batch across several KV streams with V transposed (-np N without a unified KV cache, "
-                                      "flash attention off)");
+                llama_mk_say_once(mk, "a batch across several KV streams (-np N without a unified KV cache) with V transposed "
+                                      "(flash attention off) or streams of cells not a multiple of the attention chunk");
                 return false;
             }
         }
@@ -580,8 +583,8 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
             // K and plain V rows are one array across the streams), each token's mask -INF outside its own stream's
             // n_kv cells. With kv_size a multiple of the attention chunk a sequence's chunks are the ones it has
             // alone, so its logits do not depend on the other streams (the combine order stays its own)
-            if (mk->v_trans || kv_size[c] % std::max(p.att_chunk, 1) != 0) {
-                LLAMA_LOG_ERROR("llama_mk: KV streams that cannot be laid end to end (V transposed or %lld cells per stream)\n",
+            if (!mk->streams_ok || kv_size[c] % p.att_chunk != 0) {   // (llama_mk_accepts declines such batches)
+                LLAMA_LOG_ERROR("llama_mk: KV streams that cannot be laid end to end (%lld cells per stream)\n",
                                 (long long) kv_size[c]);
                 return false;
             }
