@@ -5,11 +5,13 @@ persistent dispatch (all threadgroups co-resident, per-threadgroup store buffers
 device-scope fences: ggml-metal/emu/PERSISTENT.md), driven by tests/mk_hostemu/mk_metal_emu.cpp on the
 tiny random Gemma-4-shaped model of tests/mk_hostemu/mk_ref.h (the same model builder and float64
 reference as the CUDA kernel's host emulation), with the weight types the Metal kernel decodes (F32,
-F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K), both KV layouts, a shared-KV layer, proportional rope, per-layer
-inputs. Checks: one-token steps vs the reference (NMSE), verify steps of M = 2..8 tokens bitwise equal
-to the one-token steps, under several schedules and grid sizes; planted bugs must fail (grid barrier
+F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, STQ1_0), both KV layouts, a shared-KV layer, proportional rope,
+per-layer inputs. Checks: one-token steps vs the reference (NMSE), verify steps of M = 2..8 tokens bitwise
+equal to the one-token steps, under several schedules and grid sizes; planted bugs must fail (grid barrier
 removed, barrier without its fences, column arithmetic that depends on M, a decoding bug); an
 unsupported weight type is refused naming the tensor; an ASan+UBSan build runs clean.
+The decoding alone (ggml-metal/mk/mk-deq.h, every type) is also run in a plain kernel
+(tests/mk_hostemu/mk_deq_metal.metal) against ggml's CPU dequantizers, with planted decoding bugs.
 Subprocess timeouts only turn a hang into a failure; no test measures time.
 """
 from __future__ import annotations
@@ -28,24 +30,31 @@ ROOT = Path(__file__).resolve().parents[1]
 EMU = ROOT / "ggml-metal" / "emu"
 MKM = ROOT / "ggml-metal" / "mk"
 KERNEL = MKM / "mk-kernel.metal"
+DEQ = MKM / "mk-deq.h"
 DRIVER = ROOT / "tests" / "mk_hostemu" / "mk_metal_emu.cpp"
+DEQ_KERNEL = ROOT / "tests" / "mk_hostemu" / "mk_deq_metal.metal"
+DEQ_DRIVER = ROOT / "tests" / "mk_hostemu" / "mk_deq_metal_emu.cpp"
 CXX = os.environ.get("STQ_CLANGXX", "clang++-19")
 HANG = 600
 
 
-def _build(tmp: Path, cpu_build: Path, kernel: Path = KERNEL, sanitize: bool = False) -> Path:
+def _build(tmp: Path, cpu_build: Path, kernel: Path = KERNEL, sanitize: bool = False, driver: Path = DRIVER,
+           name: str = "mk_kernel", first_inc: Path | None = None) -> Path:
+    """kernel (MSL) translated by msl2cpp.py (includes: first_inc, e.g. a mutated mk-deq.h, then ggml-metal/mk,
+    megakernel/, and ggml's src/ for ggml-common.h), built with the emulator runtime and the driver"""
     if shutil.which(CXX) is None:
         pytest.skip(f"{CXX} not found (metal-emu needs clang >= 19)")
     tmp.mkdir(parents=True, exist_ok=True)
-    gen = tmp / "mk_kernel.cpp"
-    subprocess.run(["python3", str(EMU / "msl2cpp.py"), "--source", str(kernel), "--kernel", "mk_kernel",
-                    "-I", str(MKM), "-I", str(ROOT / "megakernel"), "--out", str(gen)], check=True)
+    gen = tmp / f"{name}.cpp"
     src = source_tree(cpu_build)
+    inc = ([first_inc] if first_inc else []) + [MKM, ROOT / "megakernel", src / "ggml" / "src"]
+    subprocess.run(["python3", str(EMU / "msl2cpp.py"), "--source", str(kernel), "--kernel", name,
+                    *[a for d in inc for a in ("-I", str(d))], "--out", str(gen)], check=True)
     lib = cpu_build / "bin"
-    exe = tmp / ("mk_metal_emu_asan" if sanitize else "mk_metal_emu")
+    exe = tmp / (driver.stem + ("_asan" if sanitize else ""))
     cmd = [CXX, "-std=c++20", "-O1", "-g", "-march=native", "-fmax-type-align=8", f"-I{EMU}", f"-I{MKM}",
            f"-I{ROOT / 'megakernel'}", f"-I{DRIVER.parent}", f"-I{src}/ggml/include", str(gen), str(EMU / "emu-runtime.cpp"),
-           str(DRIVER), "-o", str(exe), f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}", "-lpthread"]
+           str(driver), "-o", str(exe), f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}", "-lpthread"]
     if sanitize:
         cmd[1:1] = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -111,14 +120,14 @@ def test_metal_megakernel_planted_barrier_bugs_fail(driver, bug):
 
 def test_metal_megakernel_refuses_unsupported_types(driver):
     r = _run(driver, "--unsupported")
-    assert r.returncode == 0 and "OK unsupported type refused: layer 1 ffn_down: weight type q5_0" in r.stdout, r.stdout
+    assert r.returncode == 0 and "OK unsupported type refused: layer 1 ffn_down: weight type q4_1" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("old,new,expect,args", [
     # column arithmetic that depends on M: the verify steps must no longer equal decode bit for bit
     ("                x[i] = (x[i] + (h[i]*r)*w[i])*rs;", "                x[i] = (x[i] + (h[i]*r)*w[i])*rs*(1.0f + 1e-7f*(c.M - 1));",
      r"^FAIL verify M=\d+: [1-9]", []),
-    # a decoding bug (Q6_K quarter -> nibble)
+    # a decoding bug (Q6_K quarter -> nibble; in mk-deq.h)
     ("const int lsh = (qd >> 1)*4;", "const int lsh = (qd & 1)*4;", r"^FAIL step \d+", []),
     # rope pairs one register apart instead of n_rot/2
     ("const int tp   = half_rot/32;", "const int tp   = half_rot/32 > 1 ? half_rot/32 - 1 : 1;", r"^FAIL step \d+", []),
@@ -132,12 +141,18 @@ def test_metal_megakernel_refuses_unsupported_types(driver):
      r"^FAIL verify M=\d+: [1-9]", []),
 ], ids=["m-dependent", "q6_k", "rope", "q_scale", "n_kv-chunks"])
 def test_metal_megakernel_planted_kernel_bugs_fail(tmp_path, cpu_build, old, new, expect, args):
-    text = KERNEL.read_text()
+    # a target in mk-kernel.metal, or else in the decoding header it includes (mk-deq.h, found first in tmp_path)
+    text, deq = KERNEL.read_text(), DEQ.read_text()
     for o, n in zip(*((old, new) if isinstance(old, list) else ([old], [new]))):
-        assert text.count(o) == 1, f"mutation target not (once) in {KERNEL} (update the test): {o}"
-        text = text.replace(o, n, 1)
+        in_deq = text.count(o) == 0
+        assert (deq if in_deq else text).count(o) == 1, f"mutation target not (once) in {KERNEL} or {DEQ} (update the test): {o}"
+        if in_deq:
+            deq = deq.replace(o, n, 1)
+        else:
+            text = text.replace(o, n, 1)
     mutant = tmp_path / "mk-kernel-mutant.metal"
     mutant.write_text(text)
+    (tmp_path / "mk-deq.h").write_text(deq)
     exe = _build(tmp_path / "build", cpu_build, kernel=mutant)
     r = _run(exe, *args, "--tg", "3", "--verify", "4,8")
     assert r.returncode != 0 and re.search(expect, r.stdout, re.M), f"planted bug went unnoticed:\n{r.stdout[-3000:]}"
@@ -150,3 +165,48 @@ def test_metal_megakernel_asan_ubsan(tmp_path, cpu_build):
         r = _run(exe, *plan, "--tg", "3", "--verify", "4")
         _assert_ok(r, [4])
         assert "runtime error" not in r.stderr, r.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# the decoding alone: mk-deq.h's mk_deq32 in a plain kernel vs ggml's CPU dequantizers (cheap: no model)
+
+DEQ_TYPES = ["f32", "f16", "bf16", "q4_0", "q5_0", "q8_0", "q4_K", "q6_K", "stq1_0"]
+
+
+def _build_deq(tmp: Path, cpu_build: Path, first_inc: Path | None = None) -> Path:
+    return _build(tmp, cpu_build, kernel=DEQ_KERNEL, driver=DEQ_DRIVER, name="mk_deq", first_inc=first_inc)
+
+
+def test_metal_megakernel_decoding_matches_ggml(tmp_path, cpu_build):
+    # every type the kernel reads (issue 13's list, plus Q5_0 for Gemma 3 270M's 640-wide rows): 7 rows of
+    # 640 values (768 and 512 for 256-value blocks, 200 for float rows), from ggml's quantizer and from random
+    # bytes with finite scales, row 0 at 2 mod 4 where the type allows it
+    exe = _build_deq(tmp_path, cpu_build)
+    r = _run(exe, "7")
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for t in DEQ_TYPES:
+        assert re.search(rf"^OK {t}: \d+ values of 7 rows equal ggml's dequantizer", r.stdout, re.M), r.stdout
+
+
+@pytest.mark.parametrize("old,new,bad", [
+    # Q5_0: the fifth bit of value j + 16 taken from bit j
+    ("const int h1 = (int) ((qh >> (j + 16)) & 1u);", "const int h1 = (int) ((qh >> j) & 1u);", "q5_0"),
+    # STQ1_0: the lane pairs of a 64-value chunk swapped (values 16..31 from lane p0 + 2)
+    ("w[gi + 16] = d*(float) (((pat >> (2*p0 + 2)) & 3) - 1);", "w[gi + 16] = d*(float) (((pat >> (2*p0 + 4)) & 3) - 1);",
+     "stq1_0"),
+    # STQ1_0: the sign bit of group gg taken from the next group
+    ("const int sbit = (b[32 + gg/8] >> (gg % 8)) & 1;", "const int sbit = (b[32 + gg/8] >> ((gg + 1) % 8)) & 1;", "stq1_0"),
+], ids=["q5_0-high-bit", "stq1_0-lanes", "stq1_0-sign"])
+def test_metal_megakernel_planted_decoding_bugs_fail(tmp_path, cpu_build, old, new, bad):
+    text = DEQ.read_text()
+    assert text.count(old) == 1, f"mutation target not (once) in {DEQ} (update the test): {old}"
+    mut = tmp_path / "inc"
+    mut.mkdir()
+    (mut / "mk-deq.h").write_text(text.replace(old, new, 1))
+    exe = _build_deq(tmp_path / "build", cpu_build, first_inc=mut)
+    r = _run(exe, "7")
+    assert r.returncode != 0 and re.search(rf"^FAIL {bad}: \d+ of \d+ values differ", r.stdout, re.M), \
+        f"planted {bad} decoding bug went unnoticed:\n{r.stdout[-3000:]}"
+    # the other types still pass: the check names the type that is wrong
+    assert all(re.search(rf"^OK {t}:", r.stdout, re.M) for t in DEQ_TYPES if t != bad), r.stdout

@@ -27,6 +27,7 @@
 using namespace metal;
 
 #include "mk-plan.h"
+#include "mk-deq.h"
 #include "grid-barrier.h"
 
 // scratch and KV: written by one threadgroup, read by others after a grid barrier
@@ -123,93 +124,6 @@ static inline float mk_gelu(float x) {
     const float GELU_COEF_A    = 0.044715f;
     const float SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
     return 0.5f*x*(1.0f + tanh(SQRT_2_OVER_PI*x*(1.0f + GELU_COEF_A*x*x)));
-}
-
-// ---------------------------------------------------------------------------------------------
-// weights: 32 consecutive values of a row (group g = values 32g..32g+31); lim = how many exist (< 32
-// only at the end of a float row whose length is not a multiple of 32)
-
-static inline float mk_h2f(device const uchar * p) {
-    return (float) as_type<half>((ushort) (p[0] | (p[1] << 8)));
-}
-
-static void mk_deq32(device const uchar * row, int type, int g, int lim, thread float * w) {
-    switch (type) {
-        case MK_MTL_TYPE_F32: {
-            device const float * r = (device const float *) row + 32*g;
-            for (int j = 0; j < 32; ++j) {
-                w[j] = j < lim ? r[j] : 0.0f;
-            }
-        } break;
-        case MK_MTL_TYPE_F16: {
-            device const half * r = (device const half *) row + 32*g;
-            for (int j = 0; j < 32; ++j) {
-                w[j] = j < lim ? (float) r[j] : 0.0f;
-            }
-        } break;
-        case MK_MTL_TYPE_BF16: {
-            device const ushort * r = (device const ushort *) row + 32*g;
-            for (int j = 0; j < 32; ++j) {
-                w[j] = j < lim ? as_type<float>((uint) r[j] << 16) : 0.0f;
-            }
-        } break;
-        case MK_MTL_TYPE_Q4_0: { // 18 bytes: d, 16 x two nibbles (low: value j, high: value j + 16)
-            device const uchar * b = row + 18*g;
-            const float d = mk_h2f(b);
-            for (int j = 0; j < 16; ++j) {
-                const int q = b[2 + j];
-                w[j]      = d*(float) ((q & 0xF) - 8);
-                w[j + 16] = d*(float) ((q >>  4) - 8);
-            }
-        } break;
-        case MK_MTL_TYPE_Q8_0: { // 34 bytes: d, 32 x int8
-            device const uchar * b = row + 34*g;
-            const float d = mk_h2f(b);
-            for (int j = 0; j < 32; ++j) {
-                w[j] = d*(float) as_type<char>(b[2 + j]);
-            }
-        } break;
-        case MK_MTL_TYPE_Q4_K: { // 144 bytes per 256: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
-            device const uchar * b  = row + 144*(g/8);
-            const int            j  = g % 8;
-            device const uchar * sc = b + 4;
-            int s, mn;
-            if (j < 4) {
-                s  = sc[j] & 63;
-                mn = sc[j + 4] & 63;
-            } else {
-                s  = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-                mn = (sc[j + 4] >>  4) | ((sc[j]     >> 6) << 4);
-            }
-            const float d  = mk_h2f(b)*(float) s;
-            const float dm = mk_h2f(b + 2)*(float) mn;
-            device const uchar * qs = b + 16 + 32*(j/2);
-            const int sh = 4*(j % 2);
-            for (int l = 0; l < 32; ++l) {
-                w[l] = d*(float) ((qs[l] >> sh) & 0xF) - dm;
-            }
-        } break;
-        case MK_MTL_TYPE_Q6_K: { // 210 bytes per 256: ql[128], qh[64], int8 scales[16], d
-            device const uchar * b  = row + 210*(g/8);
-            const int            j  = g % 8;
-            const int            n  = j / 4;
-            const int            qd = j % 4;
-            device const uchar * ql = b + 64*n + (qd & 1)*32;
-            device const uchar * qh = b + 128 + 32*n;
-            device const uchar * sc = b + 192 + 8*n + 2*qd;
-            const float d = mk_h2f(b + 208);
-            const int lsh = (qd >> 1)*4;  // low nibble for quarters 0, 1; high for 2, 3
-            const int hsh = 2*qd;
-            for (int l = 0; l < 32; ++l) {
-                const int q = ((ql[l] >> lsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4);
-                w[l] = d*(float) as_type<char>(sc[l/16])*(float) (q - 32);
-            }
-        } break;
-        default: // the host refuses other types (mk_mtl_plan_make)
-            for (int l = 0; l < 32; ++l) {
-                w[l] = 0.0f;
-            }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

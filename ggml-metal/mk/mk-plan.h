@@ -47,10 +47,12 @@
 #define MK_MTL_TYPE_F32   0
 #define MK_MTL_TYPE_F16   1
 #define MK_MTL_TYPE_Q4_0  2
+#define MK_MTL_TYPE_Q5_0  6
 #define MK_MTL_TYPE_Q8_0  8
 #define MK_MTL_TYPE_Q4_K  12
 #define MK_MTL_TYPE_Q6_K  14
 #define MK_MTL_TYPE_BF16  30
+#define MK_MTL_TYPE_STQ1_0 43
 
 // a matrix: row r (of ne1) starts at byte off + r*nb1 of weight buffer buf and holds ne0 values of type
 typedef struct {
@@ -173,7 +175,8 @@ typedef struct {
 
 static_assert(MK_MTL_TYPE_F32 == GGML_TYPE_F32 && MK_MTL_TYPE_F16 == GGML_TYPE_F16 && MK_MTL_TYPE_Q4_0 == GGML_TYPE_Q4_0 &&
               MK_MTL_TYPE_Q8_0 == GGML_TYPE_Q8_0 && MK_MTL_TYPE_Q4_K == GGML_TYPE_Q4_K && MK_MTL_TYPE_Q6_K == GGML_TYPE_Q6_K &&
-              MK_MTL_TYPE_BF16 == GGML_TYPE_BF16, "mk-plan.h: ggml_type numbers");
+              MK_MTL_TYPE_BF16 == GGML_TYPE_BF16 && MK_MTL_TYPE_Q5_0 == GGML_TYPE_Q5_0 && MK_MTL_TYPE_STQ1_0 == GGML_TYPE_STQ1_0,
+              "mk-plan.h: ggml_type numbers");
 static_assert(sizeof(mk_mtl_w) == 32 && sizeof(mk_mtl_v) == 16 && sizeof(mk_mtl_kv) == 64, "mk-plan.h layout");
 static_assert(sizeof(mk_mtl_layer) % 8 == 0 && sizeof(mk_mtl_plan) % 8 == 0 && sizeof(mk_mtl_step) % 8 == 0, "mk-plan.h layout");
 
@@ -183,11 +186,11 @@ struct mk_mtl_range {
     size_t       size;
 };
 
-// the weight types the Metal kernel decodes (mk_deq32 in mk-kernel.metal)
+// the weight types the Metal kernel decodes (mk_deq32 in mk-deq.h)
 static inline bool mk_mtl_type_supported(int type) {
     switch (type) {
-        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q4_0: case GGML_TYPE_Q8_0:
-        case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K:
+        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K: case GGML_TYPE_STQ1_0:
             return true;
         default:
             return false;

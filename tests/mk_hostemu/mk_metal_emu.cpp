@@ -13,7 +13,7 @@
 //   --planted: the grid barriers removed, or without their device-scope fences: must fail
 //   --full-kv: every step looks at all kv_size cells (default: n_kv grows with the sequence, padded to 8
 //     cells as in llama.cpp, so a verify step sees more cells than the one-token steps of its tokens did)
-//   --unsupported: a Q5_0 matrix: mk_mtl_plan_make must refuse it, naming the tensor (exit 0 if it does)
+//   --unsupported: a Q4_1 matrix: mk_mtl_plan_make must refuse it, naming the tensor (exit 0 if it does)
 #include <ggml.h>
 
 #include "emu-runtime.h"
@@ -113,9 +113,9 @@ int main(int argc, char ** argv) {
 
     // the types the Metal kernel decodes, every one in several roles; pl_proj rows (16 values) are float
     const layer_def defs[n_layer] = {
-        { true,   64, true,  { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_F32,  GGML_TYPE_F32  }, 1.0f },
-        { false, 128, true,  { GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_F32,  GGML_TYPE_Q6_K, GGML_TYPE_Q4_K, GGML_TYPE_Q4_0, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_F16  }, 0.8f },
-        { true,   64, false, { GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_Q4_0, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_BF16 }, 1.0f },
+        { true,   64, true,  { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0, GGML_TYPE_F16,  GGML_TYPE_BF16,   GGML_TYPE_STQ1_0, GGML_TYPE_F32,  GGML_TYPE_F32  }, 1.0f },
+        { false, 128, true,  { GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_F32,  GGML_TYPE_Q6_K, GGML_TYPE_Q4_K, GGML_TYPE_STQ1_0, GGML_TYPE_F16,    GGML_TYPE_BF16, GGML_TYPE_F16  }, 0.8f },
+        { true,   64, false, { GGML_TYPE_Q5_0, GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_Q4_0, GGML_TYPE_BF16, GGML_TYPE_Q8_0,   GGML_TYPE_Q4_K,   GGML_TYPE_Q6_K, GGML_TYPE_BF16 }, 1.0f },
     };
     model mm;
     build(mm, defs, GGML_TYPE_Q6_K, false, gemma3);   // float inputs for every type (no 8-bit input rounding)
@@ -146,9 +146,9 @@ int main(int argc, char ** argv) {
     mk_mtl_plan * P = (mk_mtl_plan *) device_alloc(sizeof(mk_mtl_plan), 0);
     if (unsupported) {
         // a matrix type the Metal kernel does not decode must be refused with the tensor's name
-        md.layers[1].ffn_down.type = GGML_TYPE_Q5_0;
+        md.layers[1].ffn_down.type = GGML_TYPE_Q4_1;
         const int rc = mk_mtl_plan_make(&md, wbufs, 2, P, err, sizeof(err));
-        const bool ok = rc != 0 && strstr(err, "layer 1 ffn_down") && strstr(err, "q5_0");
+        const bool ok = rc != 0 && strstr(err, "layer 1 ffn_down") && strstr(err, "q4_1");
         printf("%s unsupported type refused: %s\n", ok ? "OK" : "FAIL", err);
         return ok ? 0 : 1;
     }
