@@ -303,6 +303,44 @@ def write_tokenizer_gguf(tokenizer_gguf: Path, out: Path) -> Path:
     return out
 
 
+def cut_vocab(model: Path, n_vocab: int, out_root: Path | None = None) -> Path:
+    """A copy of a real Gemma GGUF whose vocabulary is its first n_vocab tokens: the tokenizer arrays and
+    token_embd.weight (the tied LM head) cut to those rows, every other tensor and key byte for byte. The
+    layer stack stays the real model's (weights, types, shapes); only the LM head shrinks, so that emulated
+    backends can run many steps (Gemma's 262144-token head dominates a step). Written once into
+    <cache>/models/<stem>-vocab<n_vocab>.gguf; the special tokens must lie below n_vocab."""
+    out = (out_root or config.models_dir()) / f"{model.stem}-vocab{n_vocab}.gguf"
+    if out.exists():
+        return out
+    gguf = _gguf()
+    reader = gguf.GGUFReader(str(model))
+    arch = reader.fields["general.architecture"].contents()
+    skip = {"general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+
+    def fill(w) -> None:
+        for name, field in reader.fields.items():
+            if name in skip or name.startswith("tokenizer."):
+                continue
+            if field.types[0] == gguf.GGUFValueType.ARRAY:
+                w.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[1])
+            else:
+                w.add_key_value(name, field.contents(), field.types[0])
+        if f"{arch}.vocab_size" in reader.fields:
+            raise ValueError(f"cut_vocab: {model} has {arch}.vocab_size (not handled)")
+        _copy_tokenizer(gguf, reader, w, n_vocab)
+        for t in reader.tensors:
+            data = t.data
+            if t.name == "token_embd.weight":
+                if data.shape[0] <= n_vocab:
+                    raise ValueError(f"cut_vocab: token_embd.weight has {data.shape[0]} rows, not more than {n_vocab}")
+                data = data[:n_vocab]
+            w.add_tensor(t.name, np.ascontiguousarray(data), raw_shape=data.shape, raw_dtype=t.tensor_type)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(lambda path: gguf.GGUFWriter(str(path), arch), out, fill)
+    return out
+
+
 def ensure_pair(tokenizer_gguf: Path, out_root: Path | None = None, p: SynthParams = SynthParams()) -> tuple[Path, Path]:
     """The pair for these parameters, generated once into <cache>/models/gemma4-synth-<key>/."""
     out_dir = (out_root or config.models_dir()) / f"gemma4-synth-{p.key()}"
