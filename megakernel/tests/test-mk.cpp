@@ -309,20 +309,22 @@ int main(int argc, char ** argv) {
         }
     }
 
-    // 3. verify == decode, bitwise, on the megakernel context
+    // 3. verify == decode, bitwise, on the megakernel context: 8 one-token steps from p0 give the reference rows of
+    // every M (a row depends only on the cells before it and its token); then, for each M, the cells from p0 on are
+    // dropped and the M tokens come again as one batch
     {
         int bad = 0;
         const int p0 = np + 8;
+        prefill(A, prompt);
+        for (int s = 0; s < 8; ++s) {
+            step(A, gen_a[s], np + s);
+        }
+        std::vector<float> seq((size_t) 8*nv), bat((size_t) 8*nv);
+        for (int j = 0; j < 8; ++j) {
+            step(A, gen_a[8 + j], p0 + j);
+            memcpy(seq.data() + (size_t) j*nv, llama_get_logits_ith(A.ctx, -1), nv*sizeof(float));
+        }
         for (int M = 2; M <= 8; ++M) {
-            prefill(A, prompt);
-            for (int s = 0; s < 8; ++s) {
-                step(A, gen_a[s], np + s);
-            }
-            std::vector<float> seq((size_t) M*nv), bat((size_t) M*nv);
-            for (int j = 0; j < M; ++j) {
-                step(A, gen_a[8 + j], p0 + j);
-                memcpy(seq.data() + (size_t) j*nv, llama_get_logits_ith(A.ctx, -1), nv*sizeof(float));
-            }
             llama_memory_seq_rm(llama_get_memory(A.ctx), 0, p0, -1);
             llama_batch b = llama_batch_init(M, 0, 1);
             b.n_tokens = M;
