@@ -12,7 +12,7 @@ sliding/global/shared-KV layers, proportional rope, per-layer inputs, softcap), 
     device-scope fences (LLAMA_MEGAKERNEL_DEBUG=65536, MK_MTL_DEBUG_BARRIER_NO_FENCES in mk-plan.h);
   - llama-server with the megakernel on: speculative decoding gives greedy's ids and log-probabilities;
   - the real Gemma 3 270M Q4_K_M (Q5_0, Q4_K, Q6_K, Q8_0 weights), its LM head cut to 4096 tokens: logits vs
-    the graph, greedy agreement over 16 tokens, verify == decode;
+    the graph (and vs the CPU), greedy agreement over 16 tokens, verify == decode;
   - the source a Mac compiles at run time (embedded by mk.cmake) is the one metal-emu translated, whole.
 The emulated GPU has 1 core (GGML_METAL_EMU_GPU_CORES=1: 4 co-resident threadgroups of 256 threads), and the
 host sizes the grid from it. Subprocess timeouts only turn a hang into a failure; no test measures time.
@@ -55,17 +55,17 @@ def synth_small(gemma_model):
     return {mt: _synth(gemma_model, mt) for mt in ("F16", "Q4_0")}
 
 
-def _run(test_mk: Path, model: Path, n: int, **env) -> tuple[int, str]:
+def _run(test_mk: Path, model: Path, n: int, *extra: str, **env) -> tuple[int, str]:
     e = dict(os.environ, GGML_METAL_EMU_GPU_CORES="1")
     for k in ("GGML_METAL_EMU_RESIDENCY", "GGML_METAL_EMU_ORDER", "GGML_METAL_EMU_TG_SCHED", "LLAMA_MEGAKERNEL_DEBUG",
               "LLAMA_MEGAKERNEL_VARIANT", "GGML_METAL_MK_THREADGROUPS"):
         e.pop(k, None)
     e.update({k: str(v) for k, v in env.items()})
-    r = subprocess.run([str(test_mk), "-m", str(model), "-n", str(n), "--rounds", "0", "-c", "256", "--max-nmse", "1e-4"],
+    r = subprocess.run([str(test_mk), "-m", str(model), "-n", str(n), "--rounds", "0", "-c", "256", "--max-nmse", "1e-4", *extra],
                        capture_output=True, text=True, timeout=HANG, env=e)
     out = r.stdout + r.stderr
     print("\n".join(line for line in out.splitlines()
-                    if "llama_mk" in line or "ggml_metal_mk" in line or line.startswith(("verify", "teacher", "free", "test-mk"))))
+                    if "llama_mk" in line or "ggml_metal_mk" in line or line.startswith(("verify", "vs the CPU", "teacher", "free", "test-mk"))))
     return r.returncode, out
 
 
@@ -106,14 +106,18 @@ def gemma3_real_cut(gemma_model) -> Path:
 def test_metal_megakernel_real_gemma3_270m(test_mk, gemma3_real_cut):
     """The real Gemma 3 270M Q4_K_M (the harness's default model: its 18 layers as shipped, Q5_0 where the 640-wide
     rows do not fit Q4_K's 256-value blocks, Q4_K, Q6_K, Q8_0 V and the Q8_0 embedding = LM head, cut to the first
-    4096 tokens) through the megakernel vs llama.cpp's Metal graph on metal-emu: teacher-forced logits, greedy
-    agreement over REAL_STEPS tokens, verify == decode bitwise for M = 2..8."""
+    4096 tokens) through the megakernel vs llama.cpp's Metal graph on metal-emu: teacher-forced logits (and both vs a
+    CPU copy of the model), greedy agreement over REAL_STEPS tokens, verify == decode bitwise for M = 2..8."""
     from harness.gguf_layout import read_layout
     types = {t.type_id for t in read_layout(gemma3_real_cut).tensors if len(t.dims) > 1}
     assert {6, 8, 12, 14} <= types, f"the model no longer holds Q5_0, Q8_0, Q4_K and Q6_K matrices: {types}"
     n = REAL_STEPS
-    rc, out = _run(test_mk, gemma3_real_cut, n)
+    rc, out = _run(test_mk, gemma3_real_cut, n, "--cpu-ref")
     assert "llama_mk: megakernel on MTL0" in out, "the megakernel did not take the real model:\n" + out[-3000:]
+    # and both against a CPU copy of the model in the same steps: the megakernel no further from it than the graph
+    m = re.search(rf"^vs the CPU, {n} teacher-forced steps: megakernel NMSE mean (\S+) max \S+, argmax agrees (\d+); "
+                  rf"graph NMSE mean (\S+) max \S+, argmax agrees (\d+): ok", out, re.M)
+    assert m, out[-3000:]
     m = re.search(rf"^teacher-forced {n} steps: NMSE mean \S+ max (\S+); argmax disagreements (\d+)", out, re.M)
     assert m, out[-3000:]
     assert float(m.group(1)) < MAX_NMSE and int(m.group(2)) == 0, m.group(0)
