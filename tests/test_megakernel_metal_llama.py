@@ -12,7 +12,7 @@ sliding/global/shared-KV layers, proportional rope, per-layer inputs, softcap), 
     device-scope fences (LLAMA_MEGAKERNEL_DEBUG=65536, MK_MTL_DEBUG_BARRIER_NO_FENCES in mk-plan.h);
   - llama-server with the megakernel on: speculative decoding gives greedy's ids and log-probabilities;
   - the real Gemma 3 270M Q4_K_M (Q5_0, Q4_K, Q6_K, Q8_0 weights), its LM head cut to 4096 tokens: logits vs
-    the graph (and vs the CPU), greedy agreement over 16 tokens, verify == decode;
+    the graph (and vs the CPU) over 8 teacher-forced steps, greedy agreement over 16 tokens, verify == decode;
   - the source a Mac compiles at run time (embedded by mk.cmake) is the one metal-emu translated, whole.
 The emulated GPU has 1 core (GGML_METAL_EMU_GPU_CORES=1: 4 co-resident threadgroups of 256 threads), and the
 host sizes the grid from it. Subprocess timeouts only turn a hang into a failure; no test measures time.
@@ -94,7 +94,7 @@ def test_metal_megakernel_planted_barrier_bug_fails(test_mk, synth_small, flags,
 # the real Gemma 3 270M: its LM head (262144 tokens) cut to the first REAL_VOCAB for CI (each emulated step pays
 # for the head twice, megakernel and graph); the full model's run is recorded in NOTES.md
 REAL_VOCAB = 4096
-REAL_STEPS = 16
+REAL_STEPS = 8
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,8 @@ def test_metal_megakernel_real_gemma3_270m(test_mk, gemma3_real_cut):
     """The real Gemma 3 270M Q4_K_M (the harness's default model: its 18 layers as shipped, Q5_0 where the 640-wide
     rows do not fit Q4_K's 256-value blocks, Q4_K, Q6_K, Q8_0 V and the Q8_0 embedding = LM head, cut to the first
     4096 tokens) through the megakernel vs llama.cpp's Metal graph on metal-emu: teacher-forced logits (and both vs a
-    CPU copy of the model), greedy agreement over REAL_STEPS tokens, verify == decode bitwise for M = 2..8."""
+    CPU copy of the model) over REAL_STEPS steps, greedy agreement over 16 tokens (test-mk runs at least 16: its verify
+    check uses them), verify == decode bitwise for M = 2..8."""
     from harness.gguf_layout import read_layout
     types = {t.type_id for t in read_layout(gemma3_real_cut).tensors if len(t.dims) > 1}
     assert {6, 8, 12, 14} <= types, f"the model no longer holds Q5_0, Q8_0, Q4_K and Q6_K matrices: {types}"
@@ -121,7 +122,7 @@ def test_metal_megakernel_real_gemma3_270m(test_mk, gemma3_real_cut):
     m = re.search(rf"^teacher-forced {n} steps: NMSE mean \S+ max (\S+); argmax disagreements (\d+)", out, re.M)
     assert m, out[-3000:]
     assert float(m.group(1)) < MAX_NMSE and int(m.group(2)) == 0, m.group(0)
-    assert f"free-running greedy {n} tokens: identical" in out, out[-3000:]
+    assert f"free-running greedy {max(n, 16)} tokens: identical" in out, out[-3000:]
     for M in range(2, 9):
         assert f"verify M={M}: 0 of {M} rows differ from one-token decode" in out, out[-3000:]
     assert rc == 0 and "test-mk: passed" in out, out[-3000:]
