@@ -6,7 +6,7 @@
 #            --tokenizer-only .dev/mk/tokenizer.gguf   # (once) the tokenizer the models need
 # There: run(command="bash megakernel/device.sh STAGES", carry=[".dev"])
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
-#   bench, profile (per-phase times inside the launch), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
+#   bench, profile (per-phase times inside the launch; MK_PROF=2: also every block's barrier arrivals), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), sanitize. Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
@@ -129,9 +129,9 @@ stage_bench() {
 
 stage_profile() {
     for m in ${MK_MODELS:-small}; do
-        log "per-phase profile on $m (LLAMA_MEGAKERNEL_PROFILE=1)"
-        LLAMA_MEGAKERNEL_PROFILE=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 48 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 \
-            | tee -a "$OUT/profile.log" | grep -E "llama_mk profile" | tail -16
+        log "per-phase profile on $m (LLAMA_MEGAKERNEL_PROFILE=${MK_PROF:-1}; 2: also every block's barrier arrivals)"
+        LLAMA_MEGAKERNEL_PROFILE=${MK_PROF:-1} "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 48 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 \
+            | tee -a "$OUT/profile.log" | grep -E "llama_mk (grid )?profile" | tail -40
     done
 }
 

@@ -7,7 +7,8 @@
 //   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) / mk_ldcg4(p) / mk_ldcg_u32x4(p) (loads through L2, past
 //   the non-coherent L1),
 //   mk_cp_async16(dst, src) / mk_cp_async_commit() / mk_cp_async_wait<N>() (asynchronous 16-byte copies
-//   global -> shared: issue, close a group, wait until at most N groups are pending),
+//   global -> shared: issue, close a group, wait until at most N groups are pending; mk_cp_async16_ef: the same,
+//   marked first to leave L2),
 // plus the CUDA built-ins it uses (threadIdx, __syncthreads, __shfl_xor_sync, atomics, half, ...).
 #pragma once
 
@@ -111,6 +112,9 @@ struct mk_args {
     unsigned * bar;       // grid barrier: arrivals in this launch (zero at the start: the launch before zeroed it)
     unsigned * bar_next;  // the next launch's count (the two alternate), zeroed by block 0 at the start
     unsigned long long * prof;  // NULL, or phase timestamps: [0] count, then (tag, globaltimer ns) pairs
+    unsigned long long * gprof; // NULL, or every block's grid barrier times (LLAMA_MEGAKERNEL_PROFILE=2): [gprof_cap] tags,
+                                //   then [gprof_cap][grid] (arrival, release) pairs in globaltimer ns
+    int gprof_cap;              // barriers gprof holds
     const struct mk_mvr * mvt;  // the step's mat-vecs, decoded once by the host (mk_mv_table)
     int n_pl_all;
     int max_head;
@@ -130,7 +134,7 @@ struct mk_args {
 // phases, for the optional profile (LLAMA_MEGAKERNEL_PROFILE=1): the tag names the phase that ends
 enum mk_phase {
     MK_PH_START = 0, MK_PH_EMBD, MK_PH_PL_PROJ, MK_PH_PL_IN, MK_PH_QKV, MK_PH_HEADS, MK_PH_ATTN, MK_PH_WO,
-    MK_PH_FFN, MK_PH_DOWN, MK_PH_PL_GATE, MK_PH_PL_LAYER, MK_PH_LM_HEAD,
+    MK_PH_FFN, MK_PH_DOWN, MK_PH_PL_GATE, MK_PH_PL_LAYER, MK_PH_LM_HEAD, MK_PH_ATTN_G,
     MK_PH_ST_RMS,  // staging of a mat-vec's inputs (block 0's; counted out of the mat-vec phases):
     MK_PH_ST_LOAD, //   rms of the pending residual, the loads (+ residual), the norm, the 8-bit rounding,
     MK_PH_ST_NORM, //   the rest
@@ -153,8 +157,9 @@ MK_DEVICE void mk_prof(const mk_args & a, int tag) {
 }
 
 // (thread 0 of each block; out of line: one copy of the code, not one at every barrier of the kernel body)
-MK_DEVICE_FN void mk_grid_arrive_wait(unsigned * bar) {
+MK_DEVICE_FN void mk_grid_arrive_wait(unsigned * bar, unsigned long long * gprof, int gprof_cap, int tag) {
     const unsigned n = gridDim.x;
+    const unsigned long long t0 = gprof ? mk_clock_ns() : 0;
     __threadfence();
     const unsigned old = atomicAdd(bar, 1u);
     const unsigned end = old - old % n + n;
@@ -164,6 +169,16 @@ MK_DEVICE_FN void mk_grid_arrive_wait(unsigned * bar) {
         }
     }
     __threadfence();
+    // the grid profile: this block's arrival and release at barrier number old/n of the launch
+    if (gprof && (int) (old / n) < gprof_cap) {
+        const size_t b = old / n;
+        if (blockIdx.x == 0) {
+            gprof[b] = (unsigned long long) tag;
+        }
+        unsigned long long * t = gprof + gprof_cap + 2*(b*n + blockIdx.x);
+        t[0] = t0;
+        t[1] = mk_clock_ns();
+    }
 }
 
 MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
@@ -173,7 +188,7 @@ MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
         return; // planted bug for the tests: phases race
     }
     if (threadIdx.x == 0) {
-        mk_grid_arrive_wait(a.bar);
+        mk_grid_arrive_wait(a.bar, a.gprof, a.gprof_cap, tag);
     }
     mk_prof(a, MK_PH_WAIT);
     __syncthreads();
@@ -219,6 +234,7 @@ struct mk_mv {
     int    n_jobs;
     int    pair;
     int    norm;   // its inputs are rmsnorm'ed (mk_xin.nw): staged as floats first, never the direct records
+    int    ef;     // mk_mvr.ef
 };
 
 // explicit rounding intrinsics: never contracted into FMAs differently at different call sites
@@ -277,6 +293,7 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
 struct mk_mvr {
     mk_jr j[3];
     int   pair, units, norm;
+    int   ef;   // the weights' copies marked first to leave L2 (GGML_MK_VAR_L2_EVICT_FIRST)
 };
 
 // field f of job j (0..2) of R
@@ -292,6 +309,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv) {
     R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2]) : R.j[0];
     R.pair  = mv.pair;
     R.norm  = mv.norm;
+    R.ef    = mv.ef;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].ne1 + (mv.n_jobs > 1 ? R.j[1].ne1 : 0) + (mv.n_jobs > 2 ? R.j[2].ne1 : 0);
     return R;
 }
@@ -307,6 +325,7 @@ MK_HOSTDEV int mk_mv_count(int n_layer)    { return 2 + n_layer*MK_MV_PER_LAYER;
 // host: the descriptor of mat-vec idx; its outputs are the scratch buffers of a
 static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int idx) {
     mk_mv mv = {};
+    mv.ef = (md.debug_flags & GGML_MK_VAR_L2_EVICT_FIRST) != 0;
     auto one = [&](const ggml_mk_weight & w, float * y, int ldy, float softcap) {
         if (w.data) {
             mv.jobs[0] = { w, y, ldy, softcap };
@@ -530,8 +549,14 @@ MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws, int ns
         const uintptr_t a1 = ((uintptr_t) src + nbytes + 15) & ~(uintptr_t) 15;
         const int n16 = (int) ((a1 - a0)/16);
         uint8_t * dst = mk_stage_buf(ws, ns, it.t);
-        for (int c = threadIdx.x % WARP_SIZE; c < n16; c += WARP_SIZE) {
-            mk_cp_async16(dst + 16*c, (const void *) (a0 + 16*c));
+        if (R.ef) {
+            for (int c = threadIdx.x % WARP_SIZE; c < n16; c += WARP_SIZE) {
+                mk_cp_async16_ef(dst + 16*c, (const void *) (a0 + 16*c));
+            }
+        } else {
+            for (int c = threadIdx.x % WARP_SIZE; c < n16; c += WARP_SIZE) {
+                mk_cp_async16(dst + 16*c, (const void *) (a0 + 16*c));
+            }
         }
     }
     mk_cp_async_commit();
@@ -834,30 +859,66 @@ MK_DEVICE float mk_pair_block(const uint8_t * base, int p, int h, bool is_q4, un
     return d;
 }
 
-// acc + d_w*d_x*(sum_i w_i*q_i) for one block (Q4_0: w_i = nibble - 8, from the sum of q), with rec the block's
-// 8-bit inputs (32 values, d, sum of q)
-MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec, bool is_q4, float acc) {
-    const int4   x0 = ((const int4 *) rec)[0];
-    const int4   x1 = ((const int4 *) rec)[1];
-    const float4 dq = ((const float4 *) rec)[2];   // d, sum of q
+// a block's 8-bit inputs as staged (MK_XQ_REC bytes): 32 values, then d and the sum of q
+struct mk_rec {
+    int4   x0, x1;
+    float4 dq;   // d, sum of q
+};
+
+MK_DEVICE mk_rec mk_rec_at(const uint8_t * rec) {
+    mk_rec r;
+    r.x0 = ((const int4 *) rec)[0];
+    r.x1 = ((const int4 *) rec)[1];
+    r.dq = ((const float4 *) rec)[2];
+    return r;
+}
+
+// acc + d_w*d_x*(sum_i w_i*q_i) for one block (Q4_0: w_i = nibble - 8, from the sum of q), with r the block's
+// 8-bit inputs
+MK_DEVICE float mk_dot_rec(const unsigned (&wq)[8], float dw, const mk_rec & r, bool is_q4, float acc) {
     int si = 0;
-    si = __dp4a((int) wq[0], x0.x, si);
-    si = __dp4a((int) wq[1], x0.y, si);
-    si = __dp4a((int) wq[2], x0.z, si);
-    si = __dp4a((int) wq[3], x0.w, si);
-    si = __dp4a((int) wq[4], x1.x, si);
-    si = __dp4a((int) wq[5], x1.y, si);
-    si = __dp4a((int) wq[6], x1.z, si);
-    si = __dp4a((int) wq[7], x1.w, si);
-    const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, dq.y)) : (float) si;
-    return fmaf(__fmul_rn(dw, dq.x), sf, acc);
+    si = __dp4a((int) wq[0], r.x0.x, si);
+    si = __dp4a((int) wq[1], r.x0.y, si);
+    si = __dp4a((int) wq[2], r.x0.z, si);
+    si = __dp4a((int) wq[3], r.x0.w, si);
+    si = __dp4a((int) wq[4], r.x1.x, si);
+    si = __dp4a((int) wq[5], r.x1.y, si);
+    si = __dp4a((int) wq[6], r.x1.z, si);
+    si = __dp4a((int) wq[7], r.x1.w, si);
+    const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, r.dq.y)) : (float) si;
+    return fmaf(__fmul_rn(dw, r.dq.x), sf, acc);
+}
+
+MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec, bool is_q4, float acc) {
+    return mk_dot_rec(wq, dw, mk_rec_at(rec), is_q4, acc);
+}
+
+// one column's pairs of Q4_0 (IS_Q4) or Q8_0 blocks of a 4-byte aligned tile at base0 (the same per-block
+// arithmetic as the any-type loop in mk_mv_run, the type known at compile time); TWO: also the tile at base1 with
+// the same groups (the up row of a gate/up pair), each input record loaded once for both
+template <bool IS_Q4, bool TWO>
+MK_DEVICE void mk_pairs1(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq, float & acc0, float & acc1) {
+    for (int p = threadIdx.x % WARP_SIZE; p < ng/2; p += WARP_SIZE) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const mk_rec r = mk_rec_at(xq + (size_t) (2*p + h)*MK_XQ_REC);
+            unsigned wq[8];
+            const float dw = mk_pair_block(base0, p, h, IS_Q4, wq);
+            acc0 = mk_dot_rec(wq, dw, r, IS_Q4, acc0);
+            if (TWO) {
+                unsigned wu[8];
+                const float du = mk_pair_block(base1, p, h, IS_Q4, wu);
+                acc1 = mk_dot_rec(wu, du, r, IS_Q4, acc1);
+            }
+        }
+    }
 }
 
 // MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_M: any batch); a column's
 // arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
 template <int MC>
 MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, int xs_bytes, int xq_bytes,
-                            uint8_t * ws, int ns, unsigned long long * prof) {
+                            uint8_t * ws, int ns, unsigned long long * prof, int var) {
     if ((x.nw != nullptr) != (R.norm != 0)) {
         MK_TRAP();   // the table (mk_mv_desc) and the call disagree: the step's layout (mk_smem_plan) would be wrong
     }
@@ -904,7 +965,48 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
             const uint8_t * base = mk_stage_buf(ws, ns, it.t) + ((uintptr_t) src & 15);
             const int type = MK_J(R, it.job, type);
-            if (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
+            if (MC == 1 && (var & GGML_MK_VAR_TYPED_PAIRS) && mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
+                // one column, Q4_0/Q8_0 pairs: the loop made for the type; a gate/up row pair in one tile each is
+                // taken together (the up tile is the next one: ns - 2 ahead of it are in flight)
+                const bool is_q4 = type == GGML_TYPE_Q4_0;
+                mk_it up = it;
+                mk_it_next(R, up);
+                int nb1 = 0, g1 = 0, ng1 = 0;
+                const uint8_t * src1  = R.pair && it.sub == 0 && MK_J(R, 0, nseg) == 1 && MK_J(R, 1, nseg) == 1 ? mk_tile(R, up, nb1, g1, ng1) : nullptr;
+                const uint8_t * base1 = src1 ? mk_stage_buf(ws, ns, up.t) + ((uintptr_t) src1 & 15) : nullptr;
+                const bool two = src1 && MK_J(R, 1, type) == type && ng1 == ng && ((uintptr_t) base1 & 3) == 0;
+                float acc1 = 0.0f;
+                if (two) {
+                    mk_cp_async_wait_n(ns - 2);
+                    __syncwarp();
+                    if (is_q4) {
+                        mk_pairs1<true, true>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
+                    } else {
+                        mk_pairs1<false, true>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
+                    }
+                    __syncwarp();
+                    // one more tile in flight (into the gate tile's stage, read): ns - 1 ahead again
+                    mk_fetch(R, fe, ws, ns);
+                    if (fe.u < R.units) {
+                        mk_it_next(R, fe);
+                    }
+                    const int orow = it.row;
+                    it = up;
+                    mk_it_next(R, it);
+                    const float sg = mk_warp_sum(acc[0]);
+                    const float su = mk_warp_sum(acc1);
+                    acc[0] = 0.0f;
+                    if (lane == 0) {
+                        MK_J(R, 0, y)[(size_t) m0*MK_J(R, 0, ldy) + orow] = __fmul_rn(mk_gelu(sg), su);
+                    }
+                    continue;
+                }
+                if (is_q4) {
+                    mk_pairs1<true, false>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
+                } else {
+                    mk_pairs1<false, false>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
+                }
+            } else if (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
                 // integer dot products with the q8 inputs (llama.cpp's mmvq arithmetic, per 32-value block); one
                 // pair of consecutive blocks per lane (36 or 68 bytes: 32-bit shared loads, conflict-free strides
                 // of 9 or 17 words), the two blocks added in order
@@ -1149,9 +1251,8 @@ MK_DEVICE float mk_ld_part(const float * p) {
 
 // BLK: one block per (token, head) (returns false, having done nothing, when the step's chunk list is longer than the
 // block's shared memory holds); else the device-wide way. Two instantiations, each with its own registers
-template <int NP, bool BLK>
+template <int NP, bool BLK, int CPI = (NP > 4 ? 2 : 8)>   // CPI: cells per step (registers: K and V of CPI cells)
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
-    constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
@@ -1532,9 +1633,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         __syncthreads();
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
-            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
+            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof, a.m->debug_flags);
         } else {
-            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
+            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof, a.m->debug_flags);
         }
     };
     auto plain = [&](const float * in, int ld) {
@@ -1586,12 +1687,16 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
                 mk_attention<4, false>(a, il, M, xs);
             }
+        } else if (md.debug_flags & GGML_MK_VAR_ATT_WIDE_CPI) {
+            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true, 4>(a, il, M, xs)) {
+                mk_attention<GGML_MK_MAX_HEAD_DIM/64, false, 4>(a, il, M, xs);
+            }
         } else {
             if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true>(a, il, M, xs)) {
                 mk_attention<GGML_MK_MAX_HEAD_DIM/64, false>(a, il, M, xs);
             }
         }
-        mk_grid_sync(a, MK_PH_ATTN);
+        mk_grid_sync(a, L.is_swa ? MK_PH_ATTN : MK_PH_ATTN_G);
 
         run(plain(a.att, md.max_q));
         begin(mk_mv_index(il, MK_MV_FFN));

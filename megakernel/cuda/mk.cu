@@ -63,6 +63,13 @@ static __device__ __forceinline__ void mk_cp_async16(void * dst, const void * sr
     const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
 }
+// the same, marked first to go from L2 (weights stream through once per step; code, KV rows and activations stay)
+static __device__ __forceinline__ void mk_cp_async16_ef(void * dst, const void * src) {
+    const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "l"(pol) : "memory");
+}
 static __device__ __forceinline__ void mk_cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -104,6 +111,11 @@ struct mk_cuda {
     double prof_step_ms = 0.0;
     int    prof_steps = 0;
     cudaEvent_t ev[2] = { nullptr, nullptr };
+    // LLAMA_MEGAKERNEL_PROFILE=2 also: every block's barrier arrivals, summed per phase (mk_gprof_add)
+    unsigned long long * d_gprof = nullptr;
+    int gprof_cap = 0;
+    std::vector<unsigned long long> h_gprof;
+    double gprof_ns[MK_PH_COUNT][4] = {};   // per phase: first, mean and last arrival after the phase began; release lag
 
     // scratch
     float * scratch = nullptr;
@@ -286,6 +298,11 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         MK_TRY(cudaMalloc(&mk->d_prof, mk->h_prof.size()*sizeof(unsigned long long)), "profile buffer");
         MK_TRY(cudaEventCreate(&mk->ev[0]), "profile event");
         MK_TRY(cudaEventCreate(&mk->ev[1]), "profile event");
+        if (atoi(e) >= 2) {
+            mk->gprof_cap = 16 + 12*model->n_layer;   // barriers: at most 8 per layer
+            mk->h_gprof.resize((size_t) mk->gprof_cap*(1 + 2*(size_t) mk->grid));
+            MK_TRY(cudaMalloc(&mk->d_gprof, mk->h_gprof.size()*sizeof(unsigned long long)), "grid profile buffer");
+        }
     }
     mk->args.prof     = mk->d_prof;
     mk->args.max_head = max_head;
@@ -350,7 +367,7 @@ void ggml_cuda_mk_free(void * h) {
     if (mk->prof_steps > 0) {
         static const char * names[MK_PH_COUNT] = {
             "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
-            "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head",
+            "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head", "attention (global)",
             "(staging: rms of h)", "(staging: loads)", "(staging: norm)", "(staging: 8-bit)", "(staging: rest)",
             "(barrier waits, all)",
         };
@@ -368,6 +385,30 @@ void ggml_cuda_mk_free(void * h) {
             }
         }
     }
+    if (mk->d_gprof && mk->prof_steps > 0) {
+        static const char * gnames[MK_PH_COUNT] = {
+            "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
+            "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head", "attention (global)",
+        };
+        fprintf(stderr, "llama_mk grid profile: %d one-token steps, %d blocks; per phase (us per step, summed over its "
+                "barriers): the first, mean and last block's arrival at the barrier after the phase began (the first "
+                "release of the barrier before), and the mean release after the last arrival\n", mk->prof_steps, mk->grid);
+        double tot[4] = {};
+        for (int i = 1; i < MK_PH_COUNT; ++i) {
+            if (gnames[i] == nullptr || mk->gprof_ns[i][2] == 0.0) {
+                continue;
+            }
+            fprintf(stderr, "llama_mk grid profile:   %-24s first %8.1f  mean %8.1f  last %8.1f  release %7.1f\n", gnames[i],
+                    1e-3*mk->gprof_ns[i][0]/mk->prof_steps, 1e-3*mk->gprof_ns[i][1]/mk->prof_steps,
+                    1e-3*mk->gprof_ns[i][2]/mk->prof_steps, 1e-3*mk->gprof_ns[i][3]/mk->prof_steps);
+            for (int k = 0; k < 4; ++k) {
+                tot[k] += mk->gprof_ns[i][k];
+            }
+        }
+        fprintf(stderr, "llama_mk grid profile:   %-24s first %8.1f  mean %8.1f  last %8.1f  release %7.1f\n", "(all)",
+                1e-3*tot[0]/mk->prof_steps, 1e-3*tot[1]/mk->prof_steps, 1e-3*tot[2]/mk->prof_steps, 1e-3*tot[3]/mk->prof_steps);
+    }
+    cudaFree(mk->d_gprof);
     cudaFree(mk->d_prof);
     for (cudaEvent_t e : mk->ev) {
         if (e) {
@@ -382,6 +423,38 @@ void ggml_cuda_mk_free(void * h) {
         cudaStreamDestroy(mk->stream);
     }
     delete mk;
+}
+
+// the grid profile of one step: barrier b's phase began when the first block left barrier b-1
+static void mk_gprof_add(mk_cuda * mk) {
+    const int G = mk->grid;
+    const int cap = mk->gprof_cap;
+    std::vector<unsigned long long> & g = mk->h_gprof;
+    cudaMemcpy(g.data(), mk->d_gprof, g.size()*sizeof(unsigned long long), cudaMemcpyDeviceToHost);
+    auto t = [&](int b, int blk, int k) { return g[cap + 2*((size_t) b*G + blk) + k]; };
+    for (int b = 1; b < cap; ++b) {
+        const unsigned long long tag = g[b];
+        if (tag == 0 || tag >= MK_PH_COUNT || t(b, 0, 1) == 0) {
+            break;
+        }
+        unsigned long long start = ~0ull, first = ~0ull, last = 0, last_rel = 0;
+        double sum = 0.0, rel = 0.0;
+        for (int i = 0; i < G; ++i) {
+            start = std::min(start, t(b - 1, i, 1));
+            first = std::min(first, t(b, i, 0));
+            last  = std::max(last, t(b, i, 0));
+            sum  += (double) t(b, i, 0);
+        }
+        for (int i = 0; i < G; ++i) {
+            rel += (double) t(b, i, 1);
+            last_rel = std::max(last_rel, t(b, i, 1));
+        }
+        mk->gprof_ns[tag][0] += (double) first - (double) start;
+        mk->gprof_ns[tag][1] += sum/G - (double) start;
+        mk->gprof_ns[tag][2] += (double) last - (double) start;
+        mk->gprof_ns[tag][3] += rel/G - (double) last;
+    }
+    cudaMemset(mk->d_gprof, 0, g.size()*sizeof(unsigned long long));
 }
 
 int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
@@ -453,6 +526,8 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     }
     const bool prof = mk->d_prof != nullptr && M == 1;
     a.prof = prof ? mk->d_prof : nullptr;
+    a.gprof = prof ? mk->d_gprof : nullptr;
+    a.gprof_cap = mk->gprof_cap;
     const int64_t t_step = prof ? ggml_time_us() : 0;
     if (prof) {
         cudaMemsetAsync(mk->d_prof, 0, sizeof(unsigned long long), mk->stream);
@@ -497,6 +572,9 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
             if (tag < MK_PH_COUNT) {
                 mk->prof_ns[tag] += (double) (mk->h_prof[2 + 2*i] - mk->h_prof[2*i]);
             }
+        }
+        if (mk->d_gprof) {
+            mk_gprof_add(mk);
         }
         mk->prof_steps++;
     }
