@@ -117,12 +117,11 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 #define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a
                                               // counter per (token, head)), not one block per (token, head) where it fits
-#define GGML_MK_VAR_TYPED_PAIRS       0x2000  // one-token Q4_0/Q8_0 mat-vecs: a loop made for each type, and the gate and
-                                              // up tiles of a row pair in one pass (each input record loaded once)
-#define GGML_MK_VAR_L2_EVICT_FIRST    0x4000  // the weights' copies into shared memory marked first to leave L2, so that
-                                              // the stream of weights does not push code, KV rows and activations out
-#define GGML_MK_VAR_ATT_WIDE_CPI      0x8000  // heads over 256 dims: attention takes 4 cells per step, not 2 (half the
-                                              // round trips per chunk; other bits: a different float association)
+#define GGML_MK_VAR_GENERIC_PAIRS     0x2000  // (before) one-token Q4_0/Q8_0 mat-vecs through the loop for any type, the
+                                              // gate and up tiles of a row pair one after the other
+#define GGML_MK_VAR_L2_NORMAL         0x4000  // (before) the weights' copies into shared memory with L2's normal policy
+                                              // (now marked first to leave L2: the stream of weights pushed code, KV rows
+                                              // and activations out)
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

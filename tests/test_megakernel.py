@@ -98,8 +98,8 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # with up to 8 stages (one pass, 6 weight stages per warp fit; attention one block per (token, head) throughout);
 # 0x1c00: GGML_MK_VAR_DEVICE_ATT | GGML_MK_VAR_GENERIC_M | GGML_MK_VAR_ALL_CHUNKS (in the default run the attention's
 # partial results fit in shared memory for some steps and not for others: both ways)
-# 0x6000: GGML_MK_VAR_TYPED_PAIRS | GGML_MK_VAR_L2_EVICT_FIRST (its verify step runs the any-batch code: a one-token
-# step through the typed pair loop must give the same bits)
+# (the default run's verify step runs the any-batch mat-vec code: a one-token step through the typed pair loop must
+# give the same bits); 0x6000: GGML_MK_VAR_GENERIC_PAIRS | GGML_MK_VAR_L2_NORMAL (the code they replaced)
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x1c00": ["--variant", "0x1c00"],
             "0x6000": ["--variant", "0x6000"]}
 

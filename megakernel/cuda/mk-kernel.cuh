@@ -293,7 +293,7 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
 struct mk_mvr {
     mk_jr j[3];
     int   pair, units, norm;
-    int   ef;   // the weights' copies marked first to leave L2 (GGML_MK_VAR_L2_EVICT_FIRST)
+    int   ef;   // the weights' copies marked first to leave L2 (unless GGML_MK_VAR_L2_NORMAL)
 };
 
 // field f of job j (0..2) of R
@@ -325,7 +325,7 @@ MK_HOSTDEV int mk_mv_count(int n_layer)    { return 2 + n_layer*MK_MV_PER_LAYER;
 // host: the descriptor of mat-vec idx; its outputs are the scratch buffers of a
 static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int idx) {
     mk_mv mv = {};
-    mv.ef = (md.debug_flags & GGML_MK_VAR_L2_EVICT_FIRST) != 0;
+    mv.ef = (md.debug_flags & GGML_MK_VAR_L2_NORMAL) == 0;
     auto one = [&](const ggml_mk_weight & w, float * y, int ldy, float softcap) {
         if (w.data) {
             mv.jobs[0] = { w, y, ldy, softcap };
@@ -965,7 +965,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
             const uint8_t * base = mk_stage_buf(ws, ns, it.t) + ((uintptr_t) src & 15);
             const int type = MK_J(R, it.job, type);
-            if (MC == 1 && (var & GGML_MK_VAR_TYPED_PAIRS) && mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
+            if (MC == 1 && !(var & GGML_MK_VAR_GENERIC_PAIRS) && mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
                 // one column, Q4_0/Q8_0 pairs: the loop made for the type; a gate/up row pair in one tile each is
                 // taken together (the up tile is the next one: ns - 2 ahead of it are in flight)
                 const bool is_q4 = type == GGML_TYPE_Q4_0;
@@ -1251,8 +1251,9 @@ MK_DEVICE float mk_ld_part(const float * p) {
 
 // BLK: one block per (token, head) (returns false, having done nothing, when the step's chunk list is longer than the
 // block's shared memory holds); else the device-wide way. Two instantiations, each with its own registers
-template <int NP, bool BLK, int CPI = (NP > 4 ? 2 : 8)>   // CPI: cells per step (registers: K and V of CPI cells)
+template <int NP, bool BLK>
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
+    constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
@@ -1686,10 +1687,6 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         if (L.head_dim <= 256) {
             if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
                 mk_attention<4, false>(a, il, M, xs);
-            }
-        } else if (md.debug_flags & GGML_MK_VAR_ATT_WIDE_CPI) {
-            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true, 4>(a, il, M, xs)) {
-                mk_attention<GGML_MK_MAX_HEAD_DIM/64, false, 4>(a, il, M, xs);
             }
         } else {
             if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true>(a, il, M, xs)) {

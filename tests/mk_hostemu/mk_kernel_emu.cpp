@@ -46,8 +46,8 @@ int main(int argc, char ** argv) {
         }
     }
     // Q4_0/Q8_0 mat-vecs round their inputs to 8 bits (llama.cpp's q8_1, dp4a): the reference does the same.
-    // Every type appears; gate and up are both Q4_0 in layer 0 and both Q8_0 in layer 2 (GGML_MK_VAR_TYPED_PAIRS
-    // takes such a row pair in one pass)
+    // Every type appears; gate and up are both Q4_0 in layer 0 and both Q8_0 in layer 2 (the one-token typed
+    // pair loop takes such a row pair in one pass)
     const layer_def defs[n_layer] = {
         { true,   64, true,  { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,   GGML_TYPE_Q4_0, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_F32 }, 1.0f },
         { false, 128, true,  { GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_F32,  GGML_TYPE_STQ1_0, GGML_TYPE_Q6_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_F32 }, 0.8f },
