@@ -122,6 +122,8 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_L2_NORMAL         0x4000  // (before) the weights' copies into shared memory with L2's normal policy
                                               // (now marked first to leave L2: the stream of weights pushed code, KV rows
                                               // and activations out)
+#define GGML_MK_VAR_STAGE_TWICE       0x8000  // (candidate's opposite) a one-token mat-vec's staging loads the pending
+                                              // residual's h twice (its rms, then the rest); the default loads every input once
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

@@ -675,7 +675,7 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
 // registers; MK_M: any batch); a column's arithmetic is the same in both.
 template <int MC>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
-                           bool direct, unsigned long long * prof) {
+                           bool direct, unsigned long long * prof, int var) {
     MK_SHARED(float, red, 2*MK_WARPS*MK_M);
     const int  KG  = mk_kg(K);
     const int  F   = KG*8;                                  // slots per column, padding included
@@ -690,8 +690,11 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     float rh[MC];
 #define MK_COL(i) (MC == 1 ? 0 : (i) / NJ)   // the column of item i
 #define MK_NC     (MC == 1 ? 1 : Mc)
+    // every item in one batch (a one-token step's column): the pending residual's rms is taken from the batch's
+    // loads below (the same values and sums in the same order as this separate round of loads)
+    const bool one = NI <= MK_SB && !(var & GGML_MK_VAR_STAGE_TWICE);
 
-    if (res) {
+    if (res && !one) {
 #pragma unroll 1
         for (int m = 0; m < MK_NC; ++m) {
             ss[m] = 0.0f;
@@ -738,6 +741,25 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                   : ok && res ? mk_ldcg4((const float4 *) (x.res_h + mm*x.lda) + f) : z4;
             vw[b] = ok && res  ? ((const float4 *) x.res_nw)[f] : z4;
             vn[b] = ok && x.nw ? ((const float4 *) x.nw)[f] : z4;
+        }
+        if (res && one) {
+#pragma unroll 1
+            for (int m = 0; m < MK_NC; ++m) {
+                ss[m] = 0.0f;
+            }
+            MK_UNROLL
+            for (int b = 0; b < MK_SB; ++b) {
+                if (b < NI) {
+                    ss[MK_COL(b)] = mk_sq4(vb[b], ss[MK_COL(b)]);
+                }
+            }
+            mk_block_sums<MC>(ss, Mc, red);
+#pragma unroll 1
+            for (int m = 0; m < MK_NC; ++m) {
+                rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
+                ss[m] = 0.0f;
+            }
+            mk_prof_at(prof, MK_PH_ST_RMS);
         }
         MK_UNROLL
         for (int b = 0; b < MK_SB; ++b) {
@@ -937,7 +959,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
         if (m0 > 0) {
             mk_mv_begin(R, ws, ns);  // another pass over the weights for the next columns
         }
-        mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+        mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr, var);
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
         }
