@@ -51,7 +51,10 @@ if __package__ in (None, ""):  # run as a script: make `harness` importable
 
 from harness.util import HarnessError  # noqa: E402
 
-TYPES = ("stq1_0", "q4_0", "q8_0", "q1_0", "f16")
+TYPES = ("stq1_0", "q4_0", "q8_0", "q1_0", "f16", "stq1_0_rp16")
+# pseudo types: (ggml type, extra buffer type of the device whose name contains this) -- the weights of
+# stq1_0_rp16 are STQ1_0 placed in CUDA's RP16 repack buffer type (patch 0032; MUL_MAT only)
+EXTRA_BUFT = {"stq1_0_rp16": ("stq1_0", "STQ1_0_RP16")}
 WORKLOADS = ("big", "routed", "verify", "decode")
 # offset of the fp16 scale in a block (the rest of a block is random bytes: every byte pattern of these
 # types is a valid block; scales are kept small and finite)
@@ -115,8 +118,28 @@ class Bench:
 
     # -- tensors ---------------------------------------------------------------------------
 
+    def _extra_buft(self, tname: str):
+        """The device's extra buffer type for pseudo type tname, or None when it offers none."""
+        g = self.g
+        want = EXTRA_BUFT[tname][1]
+        dev = g.fn("ggml_backend_dev_by_name")(self.device.encode())
+        reg = g.fn("ggml_backend_dev_backend_reg")(dev)
+        addr = g.fn("ggml_backend_reg_get_proc_address")(reg, b"ggml_backend_dev_get_extra_bufts")
+        if not addr:
+            return None
+        lst = C.CFUNCTYPE(C.POINTER(C.c_void_p), C.c_void_p)(addr)(dev)
+        name = g.fn("ggml_backend_buft_name")
+        name.restype, name.argtypes = C.c_char_p, [C.c_void_p]
+        i = 0
+        while lst and lst[i]:
+            if want in name(lst[i]).decode():
+                return lst[i]
+            i += 1
+        return None
+
     def _pattern(self, tname: str, nbytes: int) -> np.ndarray:
         """nbytes of valid random data for type tname (a whole number of blocks)."""
+        tname = EXTRA_BUFT.get(tname, (tname,))[0]
         t = self.g.type_id(tname)
         if tname == "f16":
             return self.rng.standard_normal(nbytes // 2).astype(np.float16).view(np.uint8)
@@ -132,9 +155,13 @@ class Bench:
         """Upload random valid data: a 64 MB random pattern repeated (L2 works on addresses, so
         repeated content still streams from memory)."""
         nbytes = self.g.fn("ggml_nbytes")(t)
-        bs = self.g.type_size(self.g.type_id(tname))
+        bs = self.g.type_size(self.g.type_id(EXTRA_BUFT.get(tname, (tname,))[0]))
         chunk = max(bs, (64 << 20) // bs * bs)
         pat = self._pattern(tname, min(chunk, nbytes))
+        if tname in EXTRA_BUFT:  # repacking buffer types take whole tensors only
+            full = np.resize(pat, nbytes)
+            self.g.fn("ggml_backend_tensor_set")(t, C.c_void_p(full.ctypes.data), 0, nbytes)
+            return
         off = 0
         while off < nbytes:
             n = min(len(pat), nbytes - off)
@@ -145,9 +172,14 @@ class Bench:
 
     def build(self, case: Case, tname: str, min_set_mb: int, min_nodes: int):
         g = self.g
-        t = g.type_id(tname)
+        t = g.type_id(EXTRA_BUFT.get(tname, (tname,))[0])
         row = g.row_size(t, case.k)
         routed = case.n_expert > 0
+        extra = None
+        if tname in EXTRA_BUFT:
+            extra = self._extra_buft(tname)
+            if extra is None or routed:
+                return None
         w_bytes = row * case.m * (case.n_expert if routed else 1)
         per_call = row * case.m * (case.n_used if routed else 1)
         copies = 1 if routed else max(2, math.ceil(min_set_mb * 2**20 / w_bytes))
@@ -179,6 +211,23 @@ class Bench:
                 return None
             outs.append(out)
             g.fn("ggml_build_forward_expand")(gf, out)
+        extra_bufs = []
+        if extra is not None:
+            # the weights in the extra buffer type (one buffer each), the rest as usual
+            for f, res, args in (("ggml_backend_buft_get_alloc_size", C.c_size_t, [C.c_void_p, C.c_void_p]),
+                                 ("ggml_backend_buft_alloc_buffer", C.c_void_p, [C.c_void_p, C.c_size_t]),
+                                 ("ggml_backend_buffer_get_base", C.c_void_p, [C.c_void_p]),
+                                 ("ggml_backend_tensor_alloc", C.c_int, [C.c_void_p, C.c_void_p, C.c_void_p])):
+                g.fn(f).restype, g.fn(f).argtypes = res, args
+            for w in ws:
+                wb = g.fn("ggml_backend_buft_alloc_buffer")(extra, g.fn("ggml_backend_buft_get_alloc_size")(extra, w))
+                if not wb or g.fn("ggml_backend_tensor_alloc")(wb, w, g.fn("ggml_backend_buffer_get_base")(wb)) != 0:
+                    raise HarnessError(f"{case.name} {tname}: allocation in the extra buffer type failed")
+                extra_bufs.append(wb)
+            for out in outs:
+                if not g.fn("ggml_backend_supports_op")(self.be, out):
+                    raise HarnessError(f"{case.name} {tname}: {self.device} does not run the node with its weights "
+                                       f"in the extra buffer type")
         buf = g.fn("ggml_backend_alloc_ctx_tensors")(ctx, self.be)
         if not buf:
             g.fn("ggml_free")(ctx)
@@ -191,7 +240,8 @@ class Bench:
             iv = np.stack([self.rng.choice(case.n_expert, case.n_used, replace=False)
                            for _ in range(case.n)]).astype(np.int32)
             g.fn("ggml_backend_tensor_set")(idt, C.c_void_p(iv.ctypes.data), 0, iv.nbytes)
-        return dict(ctx=ctx, buf=buf, gf=gf, nodes=nodes, copies=copies, per_call=per_call, out=outs[-1])
+        return dict(ctx=ctx, buf=buf, gf=gf, nodes=nodes, copies=copies, per_call=per_call, out=outs[-1],
+                    extra_bufs=extra_bufs)
 
     def _params(self, n_tensors: int, nodes: int):
         from harness.ggml import ggml_init_params
@@ -201,6 +251,8 @@ class Bench:
 
     def free(self, gr) -> None:
         self.g.fn("ggml_backend_buffer_free")(gr["buf"])
+        for wb in gr["extra_bufs"]:
+            self.g.fn("ggml_backend_buffer_free")(wb)
         self.g.fn("ggml_free")(gr["ctx"])
 
     def run(self, gr, n_graphs: int) -> float:
@@ -340,7 +392,7 @@ def main(argv=None) -> int:
     # final table (the device tool returns the end of the output)
     print()
     print(f"copy bandwidth {copy_gbs:.0f} GB/s; medians of {a.rounds} rounds x {a.graphs} graphs")
-    hdr = f"{'case':32s} {'type':7s} {'us/call':>9s} {'GB/s':>7s} {'%copy':>6s} {'ratio':>7s}"
+    hdr = f"{'case':32s} {'type':11s} {'us/call':>9s} {'GB/s':>7s} {'%copy':>6s} {'ratio':>7s}"
     print(hdr)
     cand_t = {}
     for x in results:
@@ -351,7 +403,7 @@ def main(argv=None) -> int:
         gbs = x.bytes_per_call / x.median_us / 1e3
         c = cand_t.get(x.case.name)
         ratio = statistics.median([p / q for p, q in zip(c.times_us, x.times_us)]) if c else float("nan")
-        print(f"{x.case.name:32s} {x.type:7s} {x.median_us:9.2f} {gbs:7.0f} {100 * gbs / copy_gbs:5.0f}% {ratio:7.3f}")
+        print(f"{x.case.name:32s} {x.type:11s} {x.median_us:9.2f} {gbs:7.0f} {100 * gbs / copy_gbs:5.0f}% {ratio:7.3f}")
         rows.append(dict(case=x.case.name, type=x.type, k=x.case.k, m=x.case.m, n=x.case.n,
                          n_expert=x.case.n_expert, n_used=x.case.n_used, bytes_per_call=x.bytes_per_call,
                          times_us=x.times_us, median_us=x.median_us, gbs=gbs, ratio_vs_candidate=ratio))

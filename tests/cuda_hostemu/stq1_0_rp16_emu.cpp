@@ -1,0 +1,331 @@
+// Host emulation of CUDA's STQ1_0 RP16 repack and mat-vec (ggml-cuda/stq1_0-rp16.cu{,h}; CI has no GPU).
+//
+// tests/test_cuda_stq1_0_rp16_hostemu.py takes stq1_0-rp16.cuh and stq1_0-rp16.cu from the applied tree, rewrites
+// the launches, __global__ and __shared__ (STQ_RP16_INC) and includes them here. Every CUDA thread of a block is
+// a fiber (ucontext) scheduled round-robin; __syncthreads and __shfl_xor_sync are real barriers between them.
+// Checks on random STQ1_0 weights: unpack(repack(W)) == W byte for byte; MUL_MAT with n = 1..8 columns against
+// (a) the same quantized activations and ggml's dequantized weights in float64 (tight: catches any mismatch of
+// the weight and activation layouts) and (b) the float activations (NMSE); every column bit-identical to the
+// one-column product (batch invariance).
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "ggml.h"
+#define GGML_COMMON_DECL_CPP
+#define GGML_COMMON_IMPL_CPP
+#include "ggml-common.h"
+
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__
+#define WARP_SIZE 32
+
+// ---- CUDA types and intrinsics ----------------------------------------------------------------------------
+struct dim3 { unsigned x, y, z; dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {} };
+struct alignas(16) uint4 { uint32_t x, y, z, w; };
+typedef uint32_t half2; // (low, high) fp16
+typedef int cudaStream_t;
+typedef int cudaError_t;
+static cudaError_t cudaGetLastError() { return 0; }
+#define CUDA_CHECK(x) (void) (x)
+using std::min;
+
+static float __low2float(half2 h)  { return ggml_fp16_to_fp32(h & 0xFFFF); }
+static float __high2float(half2 h) { return ggml_fp16_to_fp32(h >> 16); }
+static float __fmul_rn(float a, float b) { return a*b; }
+static int __float2int_rn(float x) { return (int) nearbyintf(x); }
+static uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, int s) { return (uint32_t) ((((uint64_t) hi << 32) | lo) >> (s & 31)); }
+static int ggml_cuda_dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int8_t) (a >> 8*i) * (int8_t) (b >> 8*i);
+    return c;
+}
+
+// loads: the weights must stay inside the current weight tensor, activations inside theirs
+static const char * g_lo[2];
+static const char * g_hi[2];
+static int g_fail = 0;
+static void emu_check(const void * p, size_t n, int which, const char * what) {
+    if (g_lo[which] && ((const char *) p < g_lo[which] || (const char *) p + n > g_hi[which])) {
+        if (g_fail++ < 5) printf("FAIL: %s load at %p outside [%p, %p)\n", what, p, (const void *) g_lo[which], (const void *) g_hi[which]);
+    }
+}
+static uint4 __ldcs(const uint4 * p) { emu_check(p, 16, 0, "weight"); return *p; }
+static uint4 __ldg(const uint4 * p)  { emu_check(p, 16, 1, "activation"); return *p; }
+static float __ldg(const float * p)  { return *p; }
+
+// ---- fibers: the threads of one CUDA block ------------------------------------------------------------------
+struct fiber {
+    ucontext_t ctx;
+    dim3 tid;
+    int  wait = 0; // 0 runnable, 1 at a warp barrier, 2 at a block barrier
+    bool done = false;
+};
+static std::vector<fiber> g_fib;
+static std::vector<std::vector<char>> g_stacks;
+static int        g_cur;
+static ucontext_t g_sched;
+static dim3       g_block_idx;
+static dim3       g_block_dim;
+static std::function<void()> g_body;
+static int g_shfl[64][32];
+static float g_shflf[64][32];
+
+#define threadIdx (g_fib[g_cur].tid)
+#define blockIdx  g_block_idx
+#define blockDim  g_block_dim
+
+static void emu_block_until(int kind) {
+    g_fib[g_cur].wait = kind;
+    swapcontext(&g_fib[g_cur].ctx, &g_sched);
+}
+static void __syncwarp() { emu_block_until(1); }
+static void __syncthreads() { emu_block_until(2); }
+
+static int __shfl_xor_sync(unsigned, int v, int off, int = 32) {
+    const int w = threadIdx.y, l = threadIdx.x;
+    g_shfl[w][l] = v;
+    __syncwarp();
+    const int r = g_shfl[w][l ^ off];
+    __syncwarp();
+    return r;
+}
+static float __shfl_xor_sync(unsigned, float v, int off, int = 32) {
+    const int w = threadIdx.y, l = threadIdx.x;
+    g_shflf[w][l] = v;
+    __syncwarp();
+    const float r = g_shflf[w][l ^ off];
+    __syncwarp();
+    return r;
+}
+template<int width = WARP_SIZE>
+static float warp_reduce_max(float x) {
+    for (int offset = width/2; offset > 0; offset >>= 1) {
+        x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset, width));
+    }
+    return x;
+}
+
+static void fiber_entry() {
+    g_body();
+    g_fib[g_cur].done = true;
+}
+
+static void run_block(const dim3 & bdim, const std::function<void()> & body) {
+    const int n = bdim.x*bdim.y*bdim.z;
+    g_block_dim = bdim;
+    g_fib.assign(n, fiber());
+    if ((int) g_stacks.size() < n) g_stacks.resize(n, std::vector<char>(128*1024));
+    g_body = body;
+    for (int i = 0; i < n; ++i) {
+        fiber & f = g_fib[i];
+        f.tid = dim3(i % bdim.x, (i / bdim.x) % bdim.y, i / (bdim.x*bdim.y));
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp   = g_stacks[i].data();
+        f.ctx.uc_stack.ss_size = g_stacks[i].size();
+        f.ctx.uc_link          = &g_sched;
+        makecontext(&f.ctx, fiber_entry, 0);
+    }
+    for (;;) {
+        bool ran = false;
+        for (int i = 0; i < n; ++i) {
+            if (!g_fib[i].done && g_fib[i].wait == 0) {
+                g_cur = i;
+                swapcontext(&g_sched, &g_fib[i].ctx);
+                ran = true;
+            }
+        }
+        if (ran) continue;
+        bool all_done = true, released = false;
+        for (int i = 0; i < n; ++i) all_done = all_done && g_fib[i].done;
+        if (all_done) break;
+        for (int w = 0; w < (int) (bdim.y*bdim.z); ++w) {
+            bool open = true, any = false;
+            for (int l = 0; l < (int) bdim.x; ++l) {
+                const fiber & f = g_fib[w*bdim.x + l];
+                if (!f.done) { any = true; open = open && f.wait == 1; }
+            }
+            if (open && any) {
+                for (int l = 0; l < (int) bdim.x; ++l) g_fib[w*bdim.x + l].wait = 0;
+                released = true;
+            }
+        }
+        if (!released) {
+            bool open = true;
+            for (int i = 0; i < n; ++i) open = open && (g_fib[i].done || g_fib[i].wait == 2);
+            if (open) {
+                for (int i = 0; i < n; ++i) g_fib[i].wait = 0;
+                released = true;
+            }
+        }
+        if (!released) {
+            if (g_fail++ < 5) printf("FAIL: deadlock (threads wait at different barriers)\n");
+            break;
+        }
+    }
+}
+
+template <typename F>
+static void emu_launch(const dim3 & grid, const dim3 & block, F && f) {
+    for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+    for (unsigned x = 0; x < grid.x; ++x) {
+        g_block_idx = dim3(x, y, z);
+        run_block(block, f);
+    }
+}
+
+struct ggml_backend_cuda_context {
+    void * pool() { return nullptr; }
+    cudaStream_t stream() { return 0; }
+};
+template <typename T>
+struct ggml_cuda_pool_alloc {
+    std::vector<T> v;
+    ggml_cuda_pool_alloc(void *, size_t n) : v(n) {}
+    T * get() { return v.data(); }
+};
+
+#include STQ_RP16_INC
+
+// ---- the checks --------------------------------------------------------------------------------------------
+static std::mt19937 rng(20261201);
+
+static void fill_stq1_0(uint8_t * p, size_t nbytes) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> scale(0.001f, 0.01f);
+    for (size_t i = 0; i < nbytes; ++i) p[i] = (uint8_t) byte(rng);
+    for (size_t i = 0; i < nbytes; i += sizeof(block_stq1_0)) {
+        const ggml_fp16_t h = ggml_fp32_to_fp16((byte(rng) & 1 ? -1.0f : 1.0f)*scale(rng));
+        memcpy(p + i + offsetof(block_stq1_0, d), &h, 2);
+    }
+}
+
+static int check_shape(int64_t m, int64_t k, bool quick) {
+    const int nb = k / QK_K;
+    const size_t rs = ggml_row_size(GGML_TYPE_STQ1_0, k);
+    ggml_init_params ip = { (size_t) (2*m*rs + 64*k*sizeof(float) + (size_t) 64*m*sizeof(float)) + 64*ggml_tensor_overhead(), nullptr, false };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * w  = ggml_new_tensor_2d(ctx, GGML_TYPE_STQ1_0, k, m);
+    ggml_tensor * rp = ggml_new_tensor_2d(ctx, GGML_TYPE_STQ1_0, k, m);
+    fill_stq1_0((uint8_t *) w->data, ggml_nbytes(w));
+    int fails = 0;
+
+    if (!ggml_cuda_stq1_0_rp16_supported(w)) {
+        printf("FAIL %" PRId64 "x%" PRId64 ": not supported\n", m, k);
+        return 1;
+    }
+    g_lo[0] = g_lo[1] = nullptr;
+    ggml_cuda_stq1_0_rp16_repack(w->data, rp->data, m, k, 0);
+    std::vector<uint8_t> back(ggml_nbytes(w));
+    ggml_cuda_stq1_0_rp16_unpack(rp->data, back.data(), m, k, 0);
+    if (memcmp(back.data(), w->data, back.size()) != 0) {
+        size_t i = 0;
+        while (back[i] == ((uint8_t *) w->data)[i]) ++i;
+        printf("FAIL %" PRId64 "x%" PRId64 ": unpack(repack(W)) differs from W at byte %zu\n", m, k, i);
+        fails++;
+    }
+
+    // the weights in float (ggml's dequantization)
+    std::vector<float> wf(m*k);
+    ggml_get_type_traits(GGML_TYPE_STQ1_0)->to_float(w->data, wf.data(), m*k);
+
+    const int NX = 8;
+    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, NX);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t i = 0; i < k*NX; ++i) ((float *) x->data)[i] = nd(rng);
+
+    ggml_backend_cuda_context cctx;
+    std::vector<float> one(NX*m);
+    for (int n = 1; n <= NX; ++n) {
+        if (quick && n > 2 && n < NX) continue;
+        ggml_tensor * xn = ggml_view_2d(ctx, x, k, n, x->nb[1], 0);
+        ggml_tensor * y  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m, n);
+        for (int64_t i = 0; i < m*n; ++i) ((float *) y->data)[i] = NAN;
+        g_lo[0] = (const char *) rp->data; g_hi[0] = g_lo[0] + ggml_nbytes(rp);
+        g_lo[1] = nullptr; // activations: the pool buffer of the call
+        ggml_cuda_mul_mat_vec_stq1_0_rp16(cctx, rp, xn, y);
+        if (g_fail) return fails + 1;
+
+        // reference with the kernel's activation quantization (d = max|x|/127 per 256, round to nearest even),
+        // un-permuted with stq1_0_rp16_act_pos: float64 sums, tolerance relative to the output scale
+        double max_err = 0.0, max_ref = 0.0, e2 = 0.0, r2 = 0.0;
+        for (int c = 0; c < n; ++c) {
+            const float * xc = (const float *) x->data + c*k;
+            std::vector<double> xq(k);
+            for (int b = 0; b < nb; ++b) {
+                float amax = 0.0f;
+                for (int i = 0; i < QK_K; ++i) amax = std::max(amax, fabsf(xc[b*QK_K + i]));
+                const float d = amax/127.0f;
+                int8_t qp[QK_K];
+                for (int i = 0; i < QK_K; ++i) qp[stq1_0_rp16_act_pos(i)] = (int8_t) (d > 0 ? nearbyintf(xc[b*QK_K + i]/d) : 0);
+                for (int i = 0; i < QK_K; ++i) xq[b*QK_K + i] = (double) qp[stq1_0_rp16_act_pos(i)]*d;
+            }
+            for (int64_t r = 0; r < m; ++r) {
+                double a = 0.0, af = 0.0;
+                for (int64_t i = 0; i < k; ++i) {
+                    a  += (double) wf[r*k + i]*xq[i];
+                    af += (double) wf[r*k + i]*xc[i];
+                }
+                const float got = ((float *) y->data)[c*m + r];
+                max_err = std::max(max_err, fabs(got - a));
+                max_ref = std::max(max_ref, fabs(a));
+                e2 += (got - af)*(got - af);
+                r2 += af*af;
+                if (!std::isfinite(got)) max_err = INFINITY;
+            }
+            if (n == 1) memcpy(one.data(), y->data, m*sizeof(float));
+        }
+        // column 0 against the n = 1 product, columns c >= 1 against their own one-column products
+        int diff_cols = memcmp(y->data, one.data(), m*sizeof(float)) != 0;
+        for (int c = 1; c < n; ++c) {
+            ggml_tensor * x1 = ggml_view_2d(ctx, x, k, 1, x->nb[1], c*x->nb[1]);
+            ggml_tensor * y1 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m, 1);
+            ggml_cuda_mul_mat_vec_stq1_0_rp16(cctx, rp, x1, y1);
+            if (memcmp((float *) y->data + c*m, y1->data, m*sizeof(float)) != 0) diff_cols++;
+        }
+        const double rel = max_err/std::max(max_ref, 1e-30);
+        const double nmse = e2/r2;
+        const bool ok = rel < 1e-5 && nmse < 5e-4 && diff_cols == 0;
+        printf("%s %" PRId64 "x%" PRId64 " n=%d: max |y - ref(q)| / max |ref| = %.2e, NMSE vs float x %.2e, columns differing from n=1: %d\n",
+            ok ? "ok  " : "FAIL", m, k, n, rel, nmse, diff_cols);
+        fails += !ok;
+    }
+    ggml_free(ctx);
+    return fails;
+}
+
+int main(int argc, char ** argv) {
+    const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+    int fails = 0;
+    const int64_t shapes[][2] = { {32, 1024}, {64, 2048}, {96, 3072}, {160, 1024}, {224, 2048} };
+    for (const auto & s : shapes) {
+        fails += check_shape(s[0], s[1], quick);
+    }
+    // which tensors are supported
+    ggml_init_params ip = { 16*ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    const struct { int64_t k, m; bool want; } sel[] = { {1024, 32, true}, {6144, 2048, true}, {2048, 131, false},
+        {2048, 48, false}, {1536, 64, false} };
+    for (const auto & s : sel) {
+        const bool got = ggml_cuda_stq1_0_rp16_supported(ggml_new_tensor_2d(ctx, GGML_TYPE_STQ1_0, s.k, s.m));
+        if (got != s.want) {
+            printf("FAIL supported(%" PRId64 "x%" PRId64 ") = %d\n", s.m, s.k, got);
+            fails++;
+        }
+    }
+    ggml_free(ctx);
+    printf("%s\n", fails || g_fail ? "FAILED" : "OK");
+    return fails || g_fail ? 1 : 0;
+}
