@@ -102,7 +102,7 @@ remote() {
                     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
                     -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > /dev/null
                 local t0=$SECONDS
-                ninja -C "$bld" -j "$jobs" test-backend-ops test-mul-mat-batch-invariance 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+                ninja -C "$bld" -j "$jobs" test-backend-ops test-mul-mat-batch-invariance test-stq1_0-rp16 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
                 test -x "$bld/bin/test-mul-mat-batch-invariance"
                 echo "== build done in $((SECONDS - t0)) s"
             } 2>&1 | tee -a "$out/build.log"
@@ -116,8 +116,9 @@ remote() {
                 for op in MUL_MAT MUL_MAT_ID GET_ROWS CPY; do
                     "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'stq1_0|tests passed|FAIL|not supported' | grep -v ': OK$' | tail -40 || true
                 done
-                echo "== $(date -u +%FT%TZ) pytest tests/test_cuda_stq1_0.py"
-                (cd "$HERE" && STQ_CUDA_BUILD="$bld" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stq1_0.py -rs 2>&1 | tail -40) || true
+                echo "== $(date -u +%FT%TZ) pytest tests/test_cuda_stq1_0.py tests/test_cuda_stq1_0_rp16.py"
+                (cd "$HERE" && STQ_CUDA_BUILD="$bld" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stq1_0.py \
+                    tests/test_cuda_stq1_0_rp16.py -rs 2>&1 | tail -40) || true
             } 2>&1 | tee -a "$out/test.log"
             ;;
         sanitize)

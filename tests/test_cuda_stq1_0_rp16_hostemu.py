@@ -5,7 +5,8 @@ stq1_0-rp16.cuh and stq1_0-rp16.cu are taken from the applied tree (or STQ_CUDA_
 __global__ and __shared__ rewritten for the fiber emulation of cuda_hostemu/stq1_0_rp16_emu.cpp (each CUDA thread a
 fiber; real barriers and shuffles), and checked on random STQ1_0 weights: the unpacked repack gives the GGUF bytes
 back; MUL_MAT with 1..8 columns matches ggml's dequantized weights times the kernel's quantized activations
-(tight) and the float activations (NMSE); every column is bit-identical to its one-column product. Planted bugs
+(tight) and the float activations (NMSE); every column is bit-identical to its one-column product; the K splits
+4 and 8 agree; which matrices the layout supports and the default policy repacks. Planted bugs
 (an activation permutation off by one lane, a field of the weight layout moved) must make it fail. The real kernel
 runs on the lent H200 (tests/test_cuda_stq1_0_rp16.py).
 """
@@ -107,7 +108,8 @@ def _build(tmp: Path, name: str, code: str, cpu_build: Path, tree: Path) -> Path
 
 
 def _run(exe: Path, what: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(exe), what], capture_output=True, text=True, timeout=900)
+    env = {k: v for k, v in os.environ.items() if k != "GGML_CUDA_STQ1_0_REPACK"}  # the default policy is checked
+    return subprocess.run([str(exe), what], capture_output=True, text=True, timeout=900, env=env)
 
 
 def test_cuda_stq1_0_rp16_hostemu(tmp_path, cpu_build, tree):

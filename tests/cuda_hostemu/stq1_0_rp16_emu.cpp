@@ -186,6 +186,21 @@ static void emu_launch(const dim3 & grid, const dim3 & block, F && f) {
     }
 }
 
+#define GGML_CUDA_RESTRICT
+static void ggml_cuda_pdl_sync() {}
+static void ggml_cuda_pdl_lc() {}
+struct ggml_cuda_kernel_launch_params {
+    dim3 block_nums, block_dims; size_t shmem; cudaStream_t stream;
+    ggml_cuda_kernel_launch_params(const dim3 & bn, const dim3 & bd, const size_t sh, const cudaStream_t st)
+        : block_nums(bn), block_dims(bd), shmem(sh), stream(st) {}
+    ggml_cuda_kernel_launch_params(const dim3 & bn, const dim3 & bd, const int sh, const cudaStream_t st)
+        : block_nums(bn), block_dims(bd), shmem((size_t) sh), stream(st) {}
+};
+template <typename Kernel, typename... Args>
+static void ggml_cuda_kernel_launch(Kernel kernel, const ggml_cuda_kernel_launch_params & p, Args &&... args) {
+    emu_launch(p.block_nums, p.block_dims, [&] { kernel(args...); });
+}
+
 struct ggml_backend_cuda_context {
     void * pool() { return nullptr; }
     cudaStream_t stream() { return 0; }
@@ -198,6 +213,11 @@ struct ggml_cuda_pool_alloc {
 };
 
 #include STQ_RP16_INC
+
+// the quantizer of the included code for one column (for the direct launches below)
+static void stq1_0_rp16_quantize_kernel_emu_launch(const ggml_tensor * x, int8_t * q, float * d, int64_t k) {
+    emu_launch(dim3(k/QK_K, 1), dim3(32), [&] { stq1_0_rp16_quantize_kernel((const float *) x->data, q, d, k, k); });
+}
 
 // ---- the checks --------------------------------------------------------------------------------------------
 static std::mt19937 rng(20261201);
@@ -302,6 +322,23 @@ static int check_shape(int64_t m, int64_t k, bool quick) {
             ok ? "ok  " : "FAIL", m, k, n, rel, nmse, diff_cols);
         fails += !ok;
     }
+    // the K split of large matrices (4 warps) against the one these small ones take (8): same products up to the
+    // float order of the K split
+    if (!quick && m % 32 == 0) {
+        ggml_cuda_pool_alloc<int8_t> q(nullptr, k);
+        ggml_cuda_pool_alloc<float>  d(nullptr, nb);
+        stq1_0_rp16_quantize_kernel_emu_launch(x, q.get(), d.get(), k);
+        std::vector<float> y4(m, NAN), y8(m, NAN);
+        mul_mat_vec_stq1_0_rp16_launch<1, 4, 1>((const uint4 *) rp->data, (const uint4 *) q.get(), d.get(), y4.data(),
+            k/1024, m/16, m, 0);
+        mul_mat_vec_stq1_0_rp16_launch<1, 8, 1>((const uint4 *) rp->data, (const uint4 *) q.get(), d.get(), y8.data(),
+            k/1024, m/16, m, 0);
+        double e = 0.0, r = 0.0;
+        for (int64_t i = 0; i < m; ++i) { e = std::max(e, (double) fabsf(y4[i] - y8[i])); r = std::max(r, (double) fabsf(y8[i])); }
+        const bool ok = e <= 1e-5*r && std::isfinite(e);
+        printf("%s %" PRId64 "x%" PRId64 ": K split 4 vs 8: max diff / max |y| = %.2e\n", ok ? "ok  " : "FAIL", m, k, e/r);
+        fails += !ok;
+    }
     ggml_free(ctx);
     return fails;
 }
@@ -309,19 +346,23 @@ static int check_shape(int64_t m, int64_t k, bool quick) {
 int main(int argc, char ** argv) {
     const bool quick = argc > 1 && !strcmp(argv[1], "quick");
     int fails = 0;
-    const int64_t shapes[][2] = { {32, 1024}, {64, 2048}, {96, 3072}, {160, 1024}, {224, 2048} };
+    // K split (stq1_0_rp16_ks): 2 warps for these few tiles, 4 for 64x4096, 8 for 96x9216 (9 tiles: a dead slot)
+    const int64_t shapes[][2] = { {32, 1024}, {64, 2048}, {96, 3072}, {160, 1024}, {224, 2048}, {64, 4096}, {96, 9216} };
     for (const auto & s : shapes) {
         fails += check_shape(s[0], s[1], quick);
     }
     // which tensors are supported
     ggml_init_params ip = { 16*ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
-    const struct { int64_t k, m; bool want; } sel[] = { {1024, 32, true}, {6144, 2048, true}, {2048, 131, false},
-        {2048, 48, false}, {1536, 64, false} };
+    // supported: the layout; wanted: the default policy (GGML_CUDA_STQ1_0_REPACK unset), >= 32 Mi weights
+    const struct { int64_t k, m; bool sup, want; } sel[] = { {1024, 32, true, false}, {6144, 2048, true, false},
+        {2048, 131, false, false}, {2048, 48, false, false}, {1536, 64, false, false}, {14336, 4096, true, true},
+        {16384, 32768, true, true}, {16384, 32776, false, false} };
     for (const auto & s : sel) {
-        const bool got = ggml_cuda_stq1_0_rp16_supported(ggml_new_tensor_2d(ctx, GGML_TYPE_STQ1_0, s.k, s.m));
-        if (got != s.want) {
-            printf("FAIL supported(%" PRId64 "x%" PRId64 ") = %d\n", s.m, s.k, got);
+        ggml_tensor * t = ggml_new_tensor_2d(ctx, GGML_TYPE_STQ1_0, s.k, s.m);
+        const bool sup = ggml_cuda_stq1_0_rp16_supported(t), want = ggml_cuda_stq1_0_rp16_wanted(t);
+        if (sup != s.sup || want != s.want) {
+            printf("FAIL %" PRId64 "x%" PRId64 ": supported %d wanted %d\n", s.m, s.k, sup, want);
             fails++;
         }
     }
