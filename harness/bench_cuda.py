@@ -227,7 +227,8 @@ class Bench:
             for out in outs:
                 if not g.fn("ggml_backend_supports_op")(self.be, out):
                     raise HarnessError(f"{case.name} {tname}: {self.device} does not run the node with its weights "
-                                       f"in the extra buffer type")
+                                       f"in the extra buffer type (for STQ1_0 RP16: a supported shape, and "
+                                       f"GGML_CUDA_STQ1_0_REPACK=all below 32 Mi weights)")
         buf = g.fn("ggml_backend_alloc_ctx_tensors")(ctx, self.be)
         if not buf:
             g.fn("ggml_free")(ctx)

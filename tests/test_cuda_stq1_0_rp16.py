@@ -33,7 +33,7 @@ def exe() -> Path:
 @pytest.mark.parametrize("quick", [True, False], ids=["quick", "full"])
 def test_cuda_stq1_0_rp16(exe, quick):
     r = subprocess.run([str(exe), "-b", "CUDA0"] + (["--quick"] if quick else []), capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, GGML_CUDA_STQ1_0_REPACK="1"))
+                       timeout=600, env=dict(os.environ, GGML_CUDA_STQ1_0_REPACK="all"))
     print(r.stdout[-8000:])
     if r.returncode == 77:
         pytest.skip(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "skipped")
