@@ -124,6 +124,10 @@ struct ggml_mk_model {
                                               // and activations out)
 #define GGML_MK_VAR_STAGE_TWICE       0x8000  // (candidate's opposite) a one-token mat-vec's staging loads the pending
                                               // residual's h twice (its rms, then the rest); the default loads every input once
+#define GGML_MK_VAR_BARRIER_FENCES    0x10000 // (before) the grid barrier's arrival and poll with full fences around a
+                                              // relaxed count, not a release add and acquire loads
+#define GGML_MK_VAR_EARLY_ARRIVE      0x20000 // (candidate) a block arrives at the grid barrier before it issues the next
+                                              // mat-vec's first tiles, not after (the arrival's fence need not wait for them)
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

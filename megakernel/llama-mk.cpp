@@ -115,6 +115,22 @@ static ggml_backend_dev_t llama_mk_tensor_dev(const ggml_tensor * t) {
     return ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
 }
 
+// whether bt is one of the device's extra buffer types (weights repacked at load, e.g. CUDA's STQ1_0 RP16): their
+// bytes are not in the GGUF layout the kernels decode
+static bool llama_mk_is_extra_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t bt) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto get_extra = reg ? (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts") : nullptr;
+    if (!get_extra) {
+        return false;
+    }
+    for (ggml_backend_buffer_type_t * p = get_extra(dev); p && *p; ++p) {
+        if (*p == bt) {
+            return true;
+        }
+    }
+    return false;
+}
+
 struct llama_mk_builder {
     std::string         why;     // first reason the plan cannot be made
     ggml_backend_dev_t  dev = nullptr;
@@ -131,6 +147,10 @@ struct llama_mk_builder {
         const char * bname = ggml_backend_buft_name(ggml_backend_buffer_get_type(t->buffer));
         if (strstr(bname, "Split") || strstr(bname, "split")) {
             why = std::string(what) + " is in a split buffer (" + bname + "): multi-GPU split";
+            return false;
+        }
+        if (llama_mk_is_extra_buft(d, ggml_backend_buffer_get_type(t->buffer))) {
+            why = std::string(what) + " (" + t->name + ") was repacked at load (" + bname + "): not in the GGUF layout the kernel reads";
             return false;
         }
         if (dev && d != dev) {

@@ -127,8 +127,8 @@ struct mk_args {
 // ---------------------------------------------------------------------------------------------
 // grid barrier: one count of arrivals in this launch that only grows: the arrival that makes it a multiple of
 // the grid ends the barrier, so a block waits until the count reaches the next multiple of the grid above its
-// own arrival. One atomic round trip per block, no generation word, nothing on the last arrival's path; fences
-// on both sides carry the phases' data. Launches alternate between two counts: this launch's block 0 zeroes
+// own arrival. One atomic round trip per block, no generation word, nothing on the last arrival's path; the
+// arrival is a release (and acquire) add and the poll an acquire load, which carry the phases' data. Launches alternate between two counts: this launch's block 0 zeroes
 // the next one's (nobody uses it now: the launch before has ended)
 
 // phases, for the optional profile (LLAMA_MEGAKERNEL_PROFILE=1): the tag names the phase that ends
@@ -157,18 +157,31 @@ MK_DEVICE void mk_prof(const mk_args & a, int tag) {
 }
 
 // (thread 0 of each block; out of line: one copy of the code, not one at every barrier of the kernel body)
-MK_DEVICE_FN void mk_grid_arrive_wait(unsigned * bar, unsigned long long * gprof, int gprof_cap, int tag) {
+MK_DEVICE_FN unsigned mk_grid_arrive(unsigned * bar, bool fences) {
+    if (fences) {
+        // (GGML_MK_VAR_BARRIER_FENCES: full fences around a relaxed count)
+        __threadfence();
+        return atomicAdd(bar, 1u);
+    }
+    return mk_atomic_add_acq_rel(bar, 1u);
+}
+
+// old: the count before this block's arrival; t0: when it arrived (grid profile)
+MK_DEVICE_FN void mk_grid_wait(unsigned * bar, unsigned old, unsigned long long t0, unsigned long long * gprof,
+                               int gprof_cap, int tag, bool fences) {
     const unsigned n = gridDim.x;
-    const unsigned long long t0 = gprof ? mk_clock_ns() : 0;
-    __threadfence();
-    const unsigned old = atomicAdd(bar, 1u);
     const unsigned end = old - old % n + n;
     if (old + 1 != end) {
         while (*(volatile unsigned *) bar < end) {
             __nanosleep(20);
         }
+        if (!fences) {
+            (void) mk_ld_acquire(bar);   // one acquire after the relaxed polls (each acquire load empties L1)
+        }
     }
-    __threadfence();
+    if (fences) {
+        __threadfence();
+    }
     // the grid profile: this block's arrival and release at barrier number old/n of the launch
     if (gprof && (int) (old / n) < gprof_cap) {
         const size_t b = old / n;
@@ -188,7 +201,9 @@ MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
         return; // planted bug for the tests: phases race
     }
     if (threadIdx.x == 0) {
-        mk_grid_arrive_wait(a.bar, a.gprof, a.gprof_cap, tag);
+        const bool fences = (a.m->debug_flags & GGML_MK_VAR_BARRIER_FENCES) != 0;
+        const unsigned long long t0 = a.gprof ? mk_clock_ns() : 0;
+        mk_grid_wait(a.bar, mk_grid_arrive(a.bar, fences), t0, a.gprof, a.gprof_cap, tag, fences);
     }
     mk_prof(a, MK_PH_WAIT);
     __syncthreads();
@@ -1649,6 +1664,30 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         __syncthreads();
         mk_mv_begin(s_mv[0], ws, a.ns);
     };
+    // begin(idx), then the grid barrier that ends a phase (tag); with GGML_MK_VAR_EARLY_ARRIVE the block arrives at
+    // the barrier first and issues the tiles while it waits (thread 0's fence then covers only the phase's writes)
+    auto begin_sync = [&](int idx, int tag) {
+        if (!(md.debug_flags & GGML_MK_VAR_EARLY_ARRIVE) || (md.debug_flags & GGML_MK_DEBUG_NO_GRID_BARRIER)) {
+            begin(idx);
+            mk_grid_sync(a, tag);
+            return;
+        }
+        __syncthreads();
+        mk_prof(a, tag);
+        const bool fences = (md.debug_flags & GGML_MK_VAR_BARRIER_FENCES) != 0;
+        unsigned old = 0;
+        unsigned long long t0 = 0;
+        if (threadIdx.x == 0) {
+            t0  = a.gprof ? mk_clock_ns() : 0;
+            old = mk_grid_arrive(a.bar, fences);
+        }
+        begin(idx);
+        if (threadIdx.x == 0) {
+            mk_grid_wait(a.bar, old, t0, a.gprof, a.gprof_cap, tag, fences);
+        }
+        mk_prof(a, MK_PH_WAIT);
+        __syncthreads();
+    };
     auto run = [&](auto fx) {
         if (threadIdx.x == 0) {
             s_xin[0] = fx();
@@ -1669,11 +1708,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     };
 
     if (ple) {
-        begin(0);
-        mk_grid_sync(a, MK_PH_EMBD);
+        begin_sync(0, MK_PH_EMBD);
         run(plain(xc, n));
-        begin(mk_mv_index(0, MK_MV_QKV));
-        mk_grid_sync(a, MK_PH_PL_PROJ);
+        begin_sync(mk_mv_index(0, MK_MV_QKV), MK_PH_PL_PROJ);
         mk_pl_inputs(a, M);
     } else {
         begin(mk_mv_index(0, MK_MV_QKV));
@@ -1700,8 +1737,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         // Q, K, V of rmsnorm(x) * attn_norm
         run([&]() { return xin_res(L.attn_norm); });
         res_applied();
-        begin(mk_mv_index(il, MK_MV_O));
-        mk_grid_sync(a, MK_PH_QKV);
+        begin_sync(mk_mv_index(il, MK_MV_O), MK_PH_QKV);
 
         mk_heads(a, il, M, xs);
         mk_grid_sync(a, MK_PH_HEADS);
@@ -1718,28 +1754,24 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         mk_grid_sync(a, L.is_swa ? MK_PH_ATTN : MK_PH_ATTN_G);
 
         run(plain(a.att, md.max_q));
-        begin(mk_mv_index(il, MK_MV_FFN));
-        mk_grid_sync(a, MK_PH_WO);
+        begin_sync(mk_mv_index(il, MK_MV_FFN), MK_PH_WO);
         res_nw = L.attn_post_norm;
         res_scale = 1.0f;
 
         // gelu(gate) * up of rmsnorm(x) * ffn_norm, after the attention residual
         run([&]() { return xin_res(L.ffn_norm); });
         res_applied();
-        begin(mk_mv_index(il, MK_MV_DOWN));
-        mk_grid_sync(a, MK_PH_FFN);
+        begin_sync(mk_mv_index(il, MK_MV_DOWN), MK_PH_FFN);
 
         run(plain(a.g, md.max_ff));
         res_nw = L.ffn_post_norm;
         res_scale = ple ? 1.0f : L.out_scale;
 
         if (ple) {
-            begin(mk_mv_index(il, MK_MV_PL_GATE));
-            mk_grid_sync(a, MK_PH_DOWN);
+            begin_sync(mk_mv_index(il, MK_MV_PL_GATE), MK_PH_DOWN);
             run([&]() { return xin_res(nullptr); });
             res_applied();
-            begin(mk_mv_index(il, MK_MV_PL_PROJ));
-            mk_grid_sync(a, MK_PH_PL_GATE);
+            begin_sync(mk_mv_index(il, MK_MV_PL_PROJ), MK_PH_PL_GATE);
             run([&]() {
                 mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
                               nullptr, nullptr, 1.0f, nullptr, nullptr };
@@ -1748,8 +1780,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             res_nw = L.pl_post_norm;
             res_scale = L.out_scale;
         }
-        begin(il + 1 < md.n_layer ? mk_mv_index(il + 1, MK_MV_QKV) : mk_mv_count(md.n_layer) - 1);
-        mk_grid_sync(a, ple ? MK_PH_PL_LAYER : MK_PH_DOWN);
+        begin_sync(il + 1 < md.n_layer ? mk_mv_index(il + 1, MK_MV_QKV) : mk_mv_count(md.n_layer) - 1, ple ? MK_PH_PL_LAYER : MK_PH_DOWN);
     }
 
     // LM head of rmsnorm(x) * output_norm after the last residual, final softcap

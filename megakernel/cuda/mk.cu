@@ -78,6 +78,20 @@ static __device__ __forceinline__ void mk_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// the grid barrier's arrival (release: the block's writes, ordered before it by __syncthreads, go first; acquire:
+// the last arrival sees the others' writes) and poll (acquire: what the other blocks wrote before their arrivals is
+// seen after it), GPU scope
+static __device__ __forceinline__ unsigned mk_atomic_add_acq_rel(unsigned * p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+static __device__ __forceinline__ unsigned mk_ld_acquire(const unsigned * p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 static __device__ __forceinline__ unsigned long long mk_clock_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

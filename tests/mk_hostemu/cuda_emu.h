@@ -106,6 +106,8 @@ inline float __shfl_sync(unsigned mask, float v, int src) {
 inline unsigned atomicAdd(unsigned * p, unsigned v) { ++emu_progress; unsigned o = *p; *p = o + v; return o; }
 inline unsigned atomicExch(unsigned * p, unsigned v) { ++emu_progress; unsigned o = *p; *p = v; return o; }
 inline void __threadfence() {}
+inline unsigned mk_atomic_add_acq_rel(unsigned * p, unsigned v) { return atomicAdd(p, v); }
+inline unsigned mk_ld_acquire(const unsigned * p) { return *(const volatile unsigned *) p; }
 inline void __nanosleep(unsigned) { emu_yield(); }
 inline float __fmul_rn(float a, float b) { return a*b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
