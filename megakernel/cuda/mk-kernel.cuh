@@ -356,6 +356,7 @@ static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int 
     if (idx == mk_mv_count(md.n_layer) - 1) {
         one(md.output, a.logits, md.n_vocab, md.softcap);
         mv.norm = 1;   // output_norm
+        mv.ef = mv.ef && !(md.debug_flags & GGML_MK_VAR_LM_HEAD_L2_NORMAL);
         return mv;
     }
     const ggml_mk_layer & L = md.layers[(idx - 1)/MK_MV_PER_LAYER];
