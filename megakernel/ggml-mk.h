@@ -128,6 +128,8 @@ struct ggml_mk_model {
                                               // relaxed count, not a release add and acquire loads
 #define GGML_MK_VAR_EARLY_ARRIVE      0x20000 // (candidate) a block arrives at the grid barrier before it issues the next
                                               // mat-vec's first tiles, not after (the arrival's fence need not wait for them)
+#define GGML_MK_VAR_ONE_ROW           0x80000 // (before) one-token Q4_0/Q8_0 mat-vecs other than gate/up take a warp's rows
+                                              // one at a time (now two rows of one tile each in one pass)
 #define GGML_MK_VAR_LM_HEAD_L2_NORMAL 0x40000 // (candidate) the LM head's weights with L2's normal policy (the last phase:
                                               // nothing after it in the step needs L2; measured 1.09x slower evict-first)
 

@@ -1004,15 +1004,19 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             const uint8_t * base = mk_stage_buf(ws, ns, it.t) + ((uintptr_t) src & 15);
             const int type = MK_J(R, it.job, type);
             if (MC == 1 && !(var & GGML_MK_VAR_GENERIC_PAIRS) && mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
-                // one column, Q4_0/Q8_0 pairs: the loop made for the type; a gate/up row pair in one tile each is
-                // taken together (the up tile is the next one: ns - 2 ahead of it are in flight)
+                // one column, Q4_0/Q8_0 pairs: the loop made for the type. Two rows of one tile each are taken
+                // together, each input record loaded once for both: a gate/up row pair, or (unless
+                // GGML_MK_VAR_ONE_ROW) this warp's next row of the mat-vec; the second row's tile is the next one
+                // (ns - 2 tiles ahead of it are in flight)
                 const bool is_q4 = type == GGML_TYPE_Q4_0;
-                mk_it up = it;
-                mk_it_next(R, up);
+                mk_it nx = it;
+                mk_it_next(R, nx);
+                const bool try2 = nx.u < R.units && MK_J(R, it.job, nseg) == 1 && MK_J(R, nx.job, nseg) == 1 &&
+                                  MK_J(R, nx.job, type) == type && (R.pair ? it.sub == 0 : !(var & GGML_MK_VAR_ONE_ROW));
                 int nb1 = 0, g1 = 0, ng1 = 0;
-                const uint8_t * src1  = R.pair && it.sub == 0 && MK_J(R, 0, nseg) == 1 && MK_J(R, 1, nseg) == 1 ? mk_tile(R, up, nb1, g1, ng1) : nullptr;
-                const uint8_t * base1 = src1 ? mk_stage_buf(ws, ns, up.t) + ((uintptr_t) src1 & 15) : nullptr;
-                const bool two = src1 && MK_J(R, 1, type) == type && ng1 == ng && ((uintptr_t) base1 & 3) == 0;
+                const uint8_t * src1  = try2 ? mk_tile(R, nx, nb1, g1, ng1) : nullptr;
+                const uint8_t * base1 = src1 ? mk_stage_buf(ws, ns, nx.t) + ((uintptr_t) src1 & 15) : nullptr;
+                const bool two = src1 && ng1 == ng && ((uintptr_t) base1 & 3) == 0;
                 float acc1 = 0.0f;
                 if (two) {
                     mk_cp_async_wait_n(ns - 2);
@@ -1023,19 +1027,26 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                         mk_pairs1<false, true>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
                     }
                     __syncwarp();
-                    // one more tile in flight (into the gate tile's stage, read): ns - 1 ahead again
+                    // one more tile in flight (into the first tile's stage, read): ns - 1 ahead again
                     mk_fetch(R, fe, ws, ns);
                     if (fe.u < R.units) {
                         mk_it_next(R, fe);
                     }
-                    const int orow = it.row;
-                    it = up;
+                    const mk_it r0 = it;
+                    it = nx;
                     mk_it_next(R, it);
-                    const float sg = mk_warp_sum(acc[0]);
-                    const float su = mk_warp_sum(acc1);
+                    const float s0 = mk_warp_sum(acc[0]);
+                    const float s1 = mk_warp_sum(acc1);
                     acc[0] = 0.0f;
                     if (lane == 0) {
-                        MK_J(R, 0, y)[(size_t) m0*MK_J(R, 0, ldy) + orow] = __fmul_rn(mk_gelu(sg), su);
+                        if (R.pair) {
+                            MK_J(R, 0, y)[(size_t) m0*MK_J(R, 0, ldy) + r0.row] = __fmul_rn(mk_gelu(s0), s1);
+                        } else {
+                            const float c0 = MK_J(R, r0.job, softcap);
+                            const float c1 = MK_J(R, nx.job, softcap);
+                            MK_J(R, r0.job, y)[(size_t) m0*MK_J(R, r0.job, ldy) + r0.row] = c0 != 0.0f ? tanhf(s0/c0)*c0 : s0;
+                            MK_J(R, nx.job, y)[(size_t) m0*MK_J(R, nx.job, ldy) + nx.row] = c1 != 0.0f ? tanhf(s1/c1)*c1 : s1;
+                        }
                     }
                     continue;
                 }
