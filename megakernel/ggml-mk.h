@@ -117,21 +117,6 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 #define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a
                                               // counter per (token, head)), not one block per (token, head) where it fits
-#define GGML_MK_VAR_GENERIC_PAIRS     0x2000  // (before) one-token Q4_0/Q8_0 mat-vecs through the loop for any type, the
-                                              // gate and up tiles of a row pair one after the other
-#define GGML_MK_VAR_L2_NORMAL         0x4000  // (before) the weights' copies into shared memory with L2's normal policy
-                                              // (now marked first to leave L2: the stream of weights pushed code, KV rows
-                                              // and activations out)
-#define GGML_MK_VAR_STAGE_TWICE       0x8000  // (candidate's opposite) a one-token mat-vec's staging loads the pending
-                                              // residual's h twice (its rms, then the rest); the default loads every input once
-#define GGML_MK_VAR_BARRIER_FENCES    0x10000 // (before) the grid barrier's arrival and poll with full fences around a
-                                              // relaxed count, not a release add and acquire loads
-#define GGML_MK_VAR_EARLY_ARRIVE      0x20000 // (candidate) a block arrives at the grid barrier before it issues the next
-                                              // mat-vec's first tiles, not after (the arrival's fence need not wait for them)
-#define GGML_MK_VAR_ONE_ROW           0x80000 // (before) one-token Q4_0/Q8_0 mat-vecs other than gate/up take a warp's rows
-                                              // one at a time (now two rows of one tile each in one pass)
-#define GGML_MK_VAR_LM_HEAD_L2_NORMAL 0x40000 // (candidate) the LM head's weights with L2's normal policy (the last phase:
-                                              // nothing after it in the step needs L2; measured 1.09x slower evict-first)
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

@@ -58,13 +58,9 @@ static __device__ __forceinline__ unsigned mk_ldcg_u32(const unsigned * p) {
     return v;
 }
 
-// weights into shared memory without a register round trip (sm_80+), cached in L2 only
+// weights into shared memory without a register round trip (sm_80+), cached in L2 only and marked first to leave
+// it: the weights stream through once per step (code, KV rows and activations stay)
 static __device__ __forceinline__ void mk_cp_async16(void * dst, const void * src) {
-    const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
-}
-// the same, marked first to go from L2 (weights stream through once per step; code, KV rows and activations stay)
-static __device__ __forceinline__ void mk_cp_async16_ef(void * dst, const void * src) {
     const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
     unsigned long long pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
