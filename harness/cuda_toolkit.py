@@ -114,7 +114,8 @@ def ensure_nvdisasm() -> Path:
 
 def sass_report(cubin: Path) -> dict[str, dict]:
     """Per function of a cubin (the kernels and the device functions they call): 'instructions', 'spills' (local
-    loads/stores, STL/LDL) and 'loop_spills' (those between a backward branch and its target)."""
+    loads/stores, STL/LDL) and 'loop_spills' (those between a backward branch and its target; the stubs after the last
+    return that branch back into the body are not loops)."""
     r = subprocess.run([str(ensure_nvdisasm()), "-c", "-sf", str(cubin)], capture_output=True, text=True)
     if r.returncode != 0:
         raise HarnessError(f"nvdisasm {cubin} failed:\n{r.stderr[-2000:]}")
@@ -142,10 +143,15 @@ def sass_report(cubin: Path) -> dict[str, dict]:
             funcs[cur].append((addr, m.group(2)))
     out = {}
     for name, ins in funcs.items():
+        # the out-of-line stubs after the body's last return (e.g. a shuffle's divergent path) branch back into the
+        # body: not loops
+        last_ret = max((a for a, text in ins if re.search(r"\b(RET|EXIT)\b", text)), default=None)
         loops = []
         for addr, text in ins:
             b = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
             if b and labels.get(b.group(1), addr + 1) <= addr:
+                if last_ret is not None and addr > last_ret and labels[b.group(1)] < last_ret:
+                    continue
                 loops.append((labels[b.group(1)], addr))
         spill = [a for a, text in ins if re.search(r"\b(STL|LDL)(\.\S+)?\s", text)]
         out[name] = {"instructions": len(ins), "spills": len(spill),
