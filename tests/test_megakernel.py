@@ -6,7 +6,7 @@ Without a GPU (CI):
   random Gemma-4-shaped model with all nine weight types, both KV layouts, a shared-KV layer,
   proportional rope and per-layer inputs, against an independent float64 reference; a verify step
   must equal the one-token steps bitwise; the planted barrier bug must fail;
-- the kernel's weight decoding (megakernel/cuda/mk-deq.cuh) compiled for the host and compared with
+- the kernel's weight decoding (megakernel/mk-deq32.h through cuda/mk-deq.cuh) compiled for the host and compared with
   ggml's dequantizers for every supported type; planted decoding bugs must be caught;
 - the CUDA sources compiled for sm_90 with clang-19 and NVIDIA's PyPI headers + ptxas (no GPU
   needed): compile errors and register spills show up on every run;
@@ -34,18 +34,22 @@ from stq_helpers import cxx, source_tree
 from harness import config, cuda_toolkit
 
 MK = config.MEGAKERNEL_DIR
-DEQ = MK / "cuda" / "mk-deq.cuh"
+DEQ = MK / "mk-deq32.h"               # the decoding (shared with the Metal kernel)
+DEQ_CUDA = MK / "cuda" / "mk-deq.cuh"  # its CUDA side, which the host emulation includes
 EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_deq_emu.cpp"
 TEST_MK = MK / "tests" / "test-mk.cpp"
 
 
 
 
-def _run_deq_emu(tmp_path: Path, cpu_build: Path, header: Path) -> subprocess.CompletedProcess:
+def _run_deq_emu(tmp_path: Path, cpu_build: Path, first_inc: Path | None = None) -> subprocess.CompletedProcess:
+    """the CUDA side of the decoding compiled for the host; first_inc: a directory searched first for mk-deq32.h
+    (a mutated copy)"""
     src = source_tree(cpu_build)
     exe = tmp_path / "mk_deq_emu"
     lib = cpu_build / "bin"
-    cmd = [cxx(), "-std=c++17", "-O1", f'-DMK_DEQ_PATH="{header}"', f"-I{src}/ggml/include", f"-I{src}/ggml/src",
+    inc = ([f"-I{first_inc}"] if first_inc else []) + [f"-I{MK}"]
+    cmd = [cxx(), "-std=c++17", "-O1", f'-DMK_DEQ_PATH="{DEQ_CUDA}"', *inc, f"-I{src}/ggml/include", f"-I{src}/ggml/src",
            str(EMU), "-o", str(exe), f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"compiling the host emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
@@ -53,7 +57,7 @@ def _run_deq_emu(tmp_path: Path, cpu_build: Path, header: Path) -> subprocess.Co
 
 
 def test_weight_decoding_matches_ggml(tmp_path, cpu_build):
-    r = _run_deq_emu(tmp_path, cpu_build, DEQ)
+    r = _run_deq_emu(tmp_path, cpu_build)
     print(r.stdout)
     ok = re.findall(r"^OK (\S+)", r.stdout, re.M)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -71,9 +75,10 @@ def test_weight_decoding_matches_ggml(tmp_path, cpu_build):
 def test_weight_decoding_emulation_can_fail(tmp_path, cpu_build, old, new, type_name):
     text = DEQ.read_text()
     assert old in text, f"mutation target not in {DEQ} (update the test): {old}"
-    mutant = tmp_path / "mk-deq-mutant.cuh"
-    mutant.write_text(text.replace(old, new, 1))
-    r = _run_deq_emu(tmp_path, cpu_build, mutant)
+    mut = tmp_path / "inc"
+    mut.mkdir()
+    (mut / DEQ.name).write_text(text.replace(old, new, 1))
+    r = _run_deq_emu(tmp_path, cpu_build, first_inc=mut)
     assert r.returncode != 0 and re.search(rf"^FAIL {re.escape(type_name)}\b", r.stdout, re.M), \
         f"planted bug in {type_name} was not detected:\n{r.stdout}"
 

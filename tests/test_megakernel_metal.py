@@ -10,7 +10,7 @@ per-layer inputs. Checks: one-token steps vs the reference (NMSE), verify steps 
 equal to the one-token steps, under several schedules and grid sizes; planted bugs must fail (grid barrier
 removed, barrier without its fences, column arithmetic that depends on M, a decoding bug); an
 unsupported weight type is refused naming the tensor; an ASan+UBSan build runs clean.
-The decoding alone (ggml-metal/mk/mk-deq.h, every type) is also run in a plain kernel
+The decoding alone (megakernel/mk-deq32.h through ggml-metal/mk/mk-deq.h, every type) is also run in a plain kernel
 (tests/mk_hostemu/mk_deq_metal.metal) against ggml's CPU dequantizers, with planted decoding bugs.
 Subprocess timeouts only turn a hang into a failure; no test measures time.
 """
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EMU = ROOT / "ggml-metal" / "emu"
 MKM = ROOT / "ggml-metal" / "mk"
 KERNEL = MKM / "mk-kernel.metal"
-DEQ = MKM / "mk-deq.h"
+DEQ = ROOT / "megakernel" / "mk-deq32.h"   # the decoding, shared with the CUDA kernel (ggml-metal/mk/mk-deq.h: its Metal side)
 DRIVER = ROOT / "tests" / "mk_hostemu" / "mk_metal_emu.cpp"
 DEQ_KERNEL = ROOT / "tests" / "mk_hostemu" / "mk_deq_metal.metal"
 DEQ_DRIVER = ROOT / "tests" / "mk_hostemu" / "mk_deq_metal_emu.cpp"
@@ -40,7 +40,7 @@ HANG = 600
 
 def _build(tmp: Path, cpu_build: Path, kernel: Path = KERNEL, sanitize: bool = False, driver: Path = DRIVER,
            name: str = "mk_kernel", first_inc: Path | None = None) -> Path:
-    """kernel (MSL) translated by msl2cpp.py (includes: first_inc, e.g. a mutated mk-deq.h, then ggml-metal/mk,
+    """kernel (MSL) translated by msl2cpp.py (includes: first_inc, e.g. a mutated mk-deq32.h, then ggml-metal/mk,
     megakernel/, and ggml's src/ for ggml-common.h), built with the emulator runtime and the driver"""
     if shutil.which(CXX) is None:
         pytest.skip(f"{CXX} not found (metal-emu needs clang >= 19)")
@@ -127,7 +127,7 @@ def test_metal_megakernel_refuses_unsupported_types(driver):
     # column arithmetic that depends on M: the verify steps must no longer equal decode bit for bit
     ("                x[i] = (x[i] + (h[i]*r)*w[i])*rs;", "                x[i] = (x[i] + (h[i]*r)*w[i])*rs*(1.0f + 1e-7f*(c.M - 1));",
      r"^FAIL verify M=\d+: [1-9]", []),
-    # a decoding bug (Q6_K quarter -> nibble; in mk-deq.h)
+    # a decoding bug (Q6_K quarter -> nibble; in mk-deq32.h)
     ("const int lsh = (qd >> 1)*4;", "const int lsh = (qd & 1)*4;", r"^FAIL step \d+", []),
     # rope pairs one register apart instead of n_rot/2
     ("const int tp   = half_rot/32;", "const int tp   = half_rot/32 > 1 ? half_rot/32 - 1 : 1;", r"^FAIL step \d+", []),
@@ -141,7 +141,7 @@ def test_metal_megakernel_refuses_unsupported_types(driver):
      r"^FAIL verify M=\d+: [1-9]", []),
 ], ids=["m-dependent", "q6_k", "rope", "q_scale", "n_kv-chunks"])
 def test_metal_megakernel_planted_kernel_bugs_fail(tmp_path, cpu_build, old, new, expect, args):
-    # a target in mk-kernel.metal, or else in the decoding header it includes (mk-deq.h, found first in tmp_path)
+    # a target in mk-kernel.metal, or else in the decoding it includes (mk-deq32.h, found first in tmp_path)
     text, deq = KERNEL.read_text(), DEQ.read_text()
     for o, n in zip(*((old, new) if isinstance(old, list) else ([old], [new]))):
         in_deq = text.count(o) == 0
@@ -152,8 +152,8 @@ def test_metal_megakernel_planted_kernel_bugs_fail(tmp_path, cpu_build, old, new
             text = text.replace(o, n, 1)
     mutant = tmp_path / "mk-kernel-mutant.metal"
     mutant.write_text(text)
-    (tmp_path / "mk-deq.h").write_text(deq)
-    exe = _build(tmp_path / "build", cpu_build, kernel=mutant)
+    (tmp_path / DEQ.name).write_text(deq)
+    exe = _build(tmp_path / "build", cpu_build, kernel=mutant, first_inc=tmp_path)
     r = _run(exe, *args, "--tg", "3", "--verify", "4,8")
     assert r.returncode != 0 and re.search(expect, r.stdout, re.M), f"planted bug went unnoticed:\n{r.stdout[-3000:]}"
 
@@ -168,7 +168,7 @@ def test_metal_megakernel_asan_ubsan(tmp_path, cpu_build):
 
 
 # ---------------------------------------------------------------------------------------------
-# the decoding alone: mk-deq.h's mk_deq32 in a plain kernel vs ggml's CPU dequantizers (cheap: no model)
+# the decoding alone: mk-deq32.h's mk_deq32 in a plain kernel vs ggml's CPU dequantizers (cheap: no model)
 
 DEQ_TYPES = ["f32", "f16", "bf16", "q4_0", "q5_0", "q8_0", "q4_K", "q6_K", "stq1_0"]
 
@@ -191,7 +191,7 @@ def test_metal_megakernel_decoding_matches_ggml(tmp_path, cpu_build):
 
 @pytest.mark.parametrize("old,new,bad", [
     # Q5_0: the fifth bit of value j + 16 taken from bit j
-    ("const int h1 = (int) ((qh >> (j + 16)) & 1u);", "const int h1 = (int) ((qh >> j) & 1u);", "q5_0"),
+    ("const int h1 = (int) ((qh >> (j + 16)) & 1);", "const int h1 = (int) ((qh >> j) & 1);", "q5_0"),
     # STQ1_0: the lane pairs of a 64-value chunk swapped (values 16..31 from lane p0 + 2)
     ("w[gi + 16] = d*(float) (((pat >> (2*p0 + 2)) & 3) - 1);", "w[gi + 16] = d*(float) (((pat >> (2*p0 + 4)) & 3) - 1);",
      "stq1_0"),
@@ -203,7 +203,7 @@ def test_metal_megakernel_planted_decoding_bugs_fail(tmp_path, cpu_build, old, n
     assert text.count(old) == 1, f"mutation target not (once) in {DEQ} (update the test): {old}"
     mut = tmp_path / "inc"
     mut.mkdir()
-    (mut / "mk-deq.h").write_text(text.replace(old, new, 1))
+    (mut / DEQ.name).write_text(text.replace(old, new, 1))
     exe = _build_deq(tmp_path / "build", cpu_build, first_inc=mut)
     r = _run(exe, "7")
     assert r.returncode != 0 and re.search(rf"^FAIL {bad}: \d+ of \d+ values differ", r.stdout, re.M), \

@@ -149,6 +149,7 @@ def test_metal_megakernel_source_is_embedded_whole(tmp_path, metal_emu_build):
     # every line of each part (except its own includes of the others), in order
     lines = embedded.splitlines()
     parts = [ROOT / "megakernel" / "ggml-mk.h", ROOT / "ggml-metal" / "mk" / "mk-plan.h", ROOT / "ggml-metal" / "mk" / "mk-deq.h",
+             ROOT / "megakernel" / "mk-deq32.h",
              source_tree(metal_emu_build) / "ggml" / "src" / "ggml-common.h",   # the STQ1_0 patterns (mk-deq.h)
              ROOT / "ggml-metal" / "mk" / "grid-barrier.h", ROOT / "ggml-metal" / "mk" / "mk-kernel.metal"]
     for part in parts:

@@ -4,7 +4,8 @@
 #
 # Sets MK_METAL_DIR and MK_METAL_SOURCE: mk-kernel.metal with the headers it includes ("mk-plan.h",
 # which includes "ggml-mk.h", "mk-deq.h", which includes ggml's own "ggml-common.h" for the STQ1_0
-# pattern table, and "grid-barrier.h") inlined, one file that Apple's compiler takes at run time
+# pattern table and the decoding shared with the CUDA kernel, megakernel/"mk-deq32.h", and
+# "grid-barrier.h") inlined, one file that Apple's compiler takes at run time
 # (embedded in ggml-metal) and that metal-emu translates; and ggml_metal_mk_add(target), which adds the
 # host side (ggml-metal-mk.cpp, exported through the Metal registry's get_proc_address). Included from
 # ggml/src/ggml-metal (CMAKE_CURRENT_SOURCE_DIR), whose parent holds ggml-common.h.
@@ -19,17 +20,19 @@ if (NOT EXISTS ${MK_GGML_COMMON})
 endif()
 
 set(MK_METAL_PARTS ${MK_METAL_DIR}/mk-kernel.metal ${MK_METAL_DIR}/mk-plan.h ${MK_METAL_DIR}/mk-deq.h ${MK_METAL_DIR}/grid-barrier.h
-                   ${MK_PLAN_DIR}/ggml-mk.h ${MK_GGML_COMMON})
+                   ${MK_PLAN_DIR}/ggml-mk.h ${MK_PLAN_DIR}/mk-deq32.h ${MK_GGML_COMMON})
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${MK_METAL_PARTS})
 
 file(READ ${MK_PLAN_DIR}/ggml-mk.h        mk_part_mk)
 file(READ ${MK_METAL_DIR}/mk-plan.h       mk_part_plan)
 file(READ ${MK_METAL_DIR}/mk-deq.h       mk_part_deq)
+file(READ ${MK_PLAN_DIR}/mk-deq32.h       mk_part_deq32)
 file(READ ${MK_GGML_COMMON}              mk_part_common)
 file(READ ${MK_METAL_DIR}/grid-barrier.h  mk_part_bar)
 file(READ ${MK_METAL_DIR}/mk-kernel.metal mk_src)
 string(REPLACE "#include \"ggml-mk.h\""      "${mk_part_mk}"     mk_part_plan "${mk_part_plan}")
 string(REPLACE "#include \"ggml-common.h\""  "${mk_part_common}" mk_part_deq  "${mk_part_deq}")
+string(REPLACE "#include \"mk-deq32.h\""     "${mk_part_deq32}"  mk_part_deq  "${mk_part_deq}")
 string(REPLACE "#include \"mk-plan.h\""      "${mk_part_plan}"   mk_src "${mk_src}")
 string(REPLACE "#include \"mk-deq.h\""       "${mk_part_deq}"    mk_src "${mk_src}")
 string(REPLACE "#include \"grid-barrier.h\"" "${mk_part_bar}"    mk_src "${mk_src}")
