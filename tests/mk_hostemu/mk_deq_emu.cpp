@@ -1,5 +1,6 @@
-// Host emulation of the megakernel's weight decoding (megakernel/cuda/mk-deq.cuh, included as
-// MK_DEQ_PATH so that the test can hand in a mutated copy): every supported type, rows quantized by
+// Host emulation of the megakernel's weight decoding (megakernel/mk-deq32.h through its CUDA side
+// megakernel/cuda/mk-deq.cuh, included as MK_DEQ_PATH; the test hands in a mutated mk-deq32.h through the
+// include path): every supported type, rows quantized by
 // ggml_quantize_chunk from random data, decoded 32 values at a time and compared with ggml's own
 // to_float. Prints "OK <type>" per type, or "FAIL <type> ..." and exits 1.
 #include "ggml.h"

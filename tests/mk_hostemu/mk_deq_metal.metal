@@ -1,4 +1,4 @@
-// mk_deq_metal.metal: the Metal megakernel's weight decoding (ggml-metal/mk/mk-deq.h, the code
+// mk_deq_metal.metal: the Metal megakernel's weight decoding (megakernel/mk-deq32.h through ggml-metal/mk/mk-deq.h, the code
 // kernel_mk_decode runs) in a plain kernel, for the decoding test (tests/test_megakernel_metal.py,
 // driver mk_deq_metal_emu.cpp): thread t decodes the 32-value group t % ngrp of row t / ngrp into
 // dst[row][32*group .. 32*group + 31].

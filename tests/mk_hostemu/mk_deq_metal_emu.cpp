@@ -1,4 +1,4 @@
-// The Metal megakernel's weight decoding (ggml-metal/mk/mk-deq.h) against ggml's own CPU dequantizers:
+// The Metal megakernel's weight decoding (megakernel/mk-deq32.h through ggml-metal/mk/mk-deq.h) against ggml's own CPU dequantizers:
 // mk_deq_metal.metal (mk_deq32 in a plain kernel), translated by metal-emu's msl2cpp.py and run by
 // emu-runtime.cpp, decodes every 32-value group of a few rows; each value must equal ggml's to_float of
 // the same row (1e-6 relative: room for an FMA contraction, far below any decoding error).
