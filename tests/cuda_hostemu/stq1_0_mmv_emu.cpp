@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ggml.h"
+#include "emu_fibers.h"
 #define GGML_COMMON_DECL_CPP
 #define GGML_COMMON_IMPL_CPP
 #include "ggml-common.h"
@@ -37,7 +38,6 @@
 #define GGML_LOG_WARN(...) fprintf(stderr, __VA_ARGS__)
 
 // ---- CUDA types and math ----------------------------------------------------------------------------------
-struct dim3 { unsigned x, y, z; dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {} };
 struct uint3 { uint32_t x, y, z; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(8) int2 { int x, y; };
@@ -86,47 +86,14 @@ static uint3 init_fastdiv_values(uint64_t d) { return { 0, 0, (uint32_t) d }; }
 static uint32_t fastdiv(uint32_t n, const uint3 v) { return n / v.z; }
 static uint32_t fastmodulo(uint32_t n, const uint3 v) { return n % v.z; }
 
-// ---- fibers: the threads of one CUDA block ------------------------------------------------------------------
-struct fiber {
-    ucontext_t ctx;
-    dim3 tid;
-    int  wait = 0; // 0 runnable, 1 at a warp barrier, 2 at a block barrier
-    bool done = false;
-    std::vector<char> stack;
-    std::vector<std::vector<std::pair<void *, const void *>>> groups; // committed cp.async groups
-    std::vector<std::pair<void *, const void *>> open;                // copies not yet committed
-};
-static std::vector<fiber> g_fib;
-static int        g_cur;
-static ucontext_t g_sched;
-static dim3       g_block_idx;
+// ---- fibers: the threads of one CUDA block (emu_fibers.h) ----------------------------------------------------
 static std::vector<unsigned char> g_smem;
-static std::function<void()> g_body;
 static bool g_eager = false;
-static int  g_fail  = 0;
-static float g_shfl[64][32];
 
-#define threadIdx (g_fib[g_cur].tid)
-#define blockIdx  g_block_idx
-
-static void emu_block_until(int kind) {
-    g_fib[g_cur].wait = kind;
-    swapcontext(&g_fib[g_cur].ctx, &g_sched);
-}
-static void __syncwarp() { emu_block_until(1); }
 static void ggml_cuda_syncwarp() { emu_block_until(1); }
-static void __syncthreads() { emu_block_until(2); }
 static void ggml_cuda_pdl_sync() {}
 static void ggml_cuda_pdl_lc() {}
 
-static float __shfl_xor_sync(unsigned, float v, int off, int) {
-    const int w = threadIdx.y, l = threadIdx.x;
-    g_shfl[w][l] = v;
-    __syncwarp();
-    const float r = g_shfl[w][l ^ off];
-    __syncwarp();
-    return r;
-}
 template<int width = WARP_SIZE>
 static float warp_reduce_sum(float x) {
     for (int offset = width/2; offset > 0; offset >>= 1) {
@@ -170,77 +137,6 @@ static void emu_cp_async_wait(int n) {
     while ((int) f.groups.size() > n) {
         for (auto & c : f.groups.front()) memcpy(c.first, c.second, 16);
         f.groups.erase(f.groups.begin());
-    }
-}
-
-static void fiber_entry() {
-    g_body();
-    g_fib[g_cur].done = true;
-}
-
-static void run_block(const dim3 & bdim, const std::function<void()> & body) {
-    const int n = bdim.x*bdim.y*bdim.z;
-    g_fib.assign(n, fiber());
-    g_body = body;
-    for (int i = 0; i < n; ++i) {
-        fiber & f = g_fib[i];
-        f.tid = dim3(i % bdim.x, (i / bdim.x) % bdim.y, i / (bdim.x*bdim.y));
-        f.stack.resize(256*1024);
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp   = f.stack.data();
-        f.ctx.uc_stack.ss_size = f.stack.size();
-        f.ctx.uc_link          = &g_sched;
-        makecontext(&f.ctx, fiber_entry, 0);
-    }
-    for (;;) {
-        bool ran = false;
-        for (int i = 0; i < n; ++i) {
-            if (!g_fib[i].done && g_fib[i].wait == 0) {
-                g_cur = i;
-                swapcontext(&g_sched, &g_fib[i].ctx);
-                ran = true;
-            }
-        }
-        if (ran) {
-            continue;
-        }
-        bool all_done = true, released = false;
-        for (int i = 0; i < n; ++i) all_done = all_done && g_fib[i].done;
-        if (all_done) {
-            break;
-        }
-        // a warp barrier opens when every live lane of the warp waits at one; the block barrier when all do
-        for (int w = 0; w < (int) (bdim.y*bdim.z); ++w) {
-            bool open = true, any = false;
-            for (int l = 0; l < (int) bdim.x; ++l) {
-                const fiber & f = g_fib[w*bdim.x + l];
-                if (!f.done) { any = true; open = open && f.wait == 1; }
-            }
-            if (open && any) {
-                for (int l = 0; l < (int) bdim.x; ++l) g_fib[w*bdim.x + l].wait = 0;
-                released = true;
-            }
-        }
-        if (!released) {
-            bool open = true;
-            for (int i = 0; i < n; ++i) open = open && (g_fib[i].done || g_fib[i].wait == 2);
-            if (open) {
-                for (int i = 0; i < n; ++i) g_fib[i].wait = 0;
-                released = true;
-            }
-        }
-        if (!released) {
-            if (g_fail++ < 5) printf("FAIL: deadlock (threads wait at different barriers)\n");
-            break;
-        }
-    }
-    for (auto & f : g_fib) {
-        if (!f.groups.empty() || !f.open.empty()) {
-            // copies never waited for: harmless only if nothing read them; count them as a failure anyway
-            size_t nc = f.open.size();
-            for (auto & g : f.groups) nc += g.size();
-            if (nc && g_fail++ < 5) printf("FAIL: %zu cp.async copies never waited for\n", nc);
-        }
     }
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ggml.h"
+#include "emu_fibers.h"
 #define GGML_COMMON_DECL_CPP
 #define GGML_COMMON_IMPL_CPP
 #include "ggml-common.h"
@@ -33,7 +34,6 @@
 #define WARP_SIZE 32
 
 // ---- CUDA types and intrinsics ----------------------------------------------------------------------------
-struct dim3 { unsigned x, y, z; dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {} };
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
 typedef uint32_t half2; // (low, high) fp16
 typedef int cudaStream_t;
@@ -55,7 +55,6 @@ static int ggml_cuda_dp4a(int a, int b, int c) {
 // loads: the weights must stay inside the current weight tensor, activations inside theirs
 static const char * g_lo[2];
 static const char * g_hi[2];
-static int g_fail = 0;
 static void emu_check(const void * p, size_t n, int which, const char * what) {
     if (g_lo[which] && ((const char *) p < g_lo[which] || (const char *) p + n > g_hi[which])) {
         if (g_fail++ < 5) printf("FAIL: %s load at %p outside [%p, %p)\n", what, p, (const void *) g_lo[which], (const void *) g_hi[which]);
@@ -65,115 +64,13 @@ static uint4 __ldcs(const uint4 * p) { emu_check(p, 16, 0, "weight"); return *p;
 static uint4 __ldg(const uint4 * p)  { emu_check(p, 16, 1, "activation"); return *p; }
 static float __ldg(const float * p)  { return *p; }
 
-// ---- fibers: the threads of one CUDA block ------------------------------------------------------------------
-struct fiber {
-    ucontext_t ctx;
-    dim3 tid;
-    int  wait = 0; // 0 runnable, 1 at a warp barrier, 2 at a block barrier
-    bool done = false;
-};
-static std::vector<fiber> g_fib;
-static std::vector<std::vector<char>> g_stacks;
-static int        g_cur;
-static ucontext_t g_sched;
-static dim3       g_block_idx;
-static dim3       g_block_dim;
-static std::function<void()> g_body;
-static int g_shfl[64][32];
-static float g_shflf[64][32];
-
-#define threadIdx (g_fib[g_cur].tid)
-#define blockIdx  g_block_idx
-#define blockDim  g_block_dim
-
-static void emu_block_until(int kind) {
-    g_fib[g_cur].wait = kind;
-    swapcontext(&g_fib[g_cur].ctx, &g_sched);
-}
-static void __syncwarp() { emu_block_until(1); }
-static void __syncthreads() { emu_block_until(2); }
-
-static int __shfl_xor_sync(unsigned, int v, int off, int = 32) {
-    const int w = threadIdx.y, l = threadIdx.x;
-    g_shfl[w][l] = v;
-    __syncwarp();
-    const int r = g_shfl[w][l ^ off];
-    __syncwarp();
-    return r;
-}
-static float __shfl_xor_sync(unsigned, float v, int off, int = 32) {
-    const int w = threadIdx.y, l = threadIdx.x;
-    g_shflf[w][l] = v;
-    __syncwarp();
-    const float r = g_shflf[w][l ^ off];
-    __syncwarp();
-    return r;
-}
+// ---- fibers: the threads of one CUDA block (emu_fibers.h) ----------------------------------------------------
 template<int width = WARP_SIZE>
 static float warp_reduce_max(float x) {
     for (int offset = width/2; offset > 0; offset >>= 1) {
         x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset, width));
     }
     return x;
-}
-
-static void fiber_entry() {
-    g_body();
-    g_fib[g_cur].done = true;
-}
-
-static void run_block(const dim3 & bdim, const std::function<void()> & body) {
-    const int n = bdim.x*bdim.y*bdim.z;
-    g_block_dim = bdim;
-    g_fib.assign(n, fiber());
-    if ((int) g_stacks.size() < n) g_stacks.resize(n, std::vector<char>(128*1024));
-    g_body = body;
-    for (int i = 0; i < n; ++i) {
-        fiber & f = g_fib[i];
-        f.tid = dim3(i % bdim.x, (i / bdim.x) % bdim.y, i / (bdim.x*bdim.y));
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp   = g_stacks[i].data();
-        f.ctx.uc_stack.ss_size = g_stacks[i].size();
-        f.ctx.uc_link          = &g_sched;
-        makecontext(&f.ctx, fiber_entry, 0);
-    }
-    for (;;) {
-        bool ran = false;
-        for (int i = 0; i < n; ++i) {
-            if (!g_fib[i].done && g_fib[i].wait == 0) {
-                g_cur = i;
-                swapcontext(&g_sched, &g_fib[i].ctx);
-                ran = true;
-            }
-        }
-        if (ran) continue;
-        bool all_done = true, released = false;
-        for (int i = 0; i < n; ++i) all_done = all_done && g_fib[i].done;
-        if (all_done) break;
-        for (int w = 0; w < (int) (bdim.y*bdim.z); ++w) {
-            bool open = true, any = false;
-            for (int l = 0; l < (int) bdim.x; ++l) {
-                const fiber & f = g_fib[w*bdim.x + l];
-                if (!f.done) { any = true; open = open && f.wait == 1; }
-            }
-            if (open && any) {
-                for (int l = 0; l < (int) bdim.x; ++l) g_fib[w*bdim.x + l].wait = 0;
-                released = true;
-            }
-        }
-        if (!released) {
-            bool open = true;
-            for (int i = 0; i < n; ++i) open = open && (g_fib[i].done || g_fib[i].wait == 2);
-            if (open) {
-                for (int i = 0; i < n; ++i) g_fib[i].wait = 0;
-                released = true;
-            }
-        }
-        if (!released) {
-            if (g_fail++ < 5) printf("FAIL: deadlock (threads wait at different barriers)\n");
-            break;
-        }
-    }
 }
 
 template <typename F>
