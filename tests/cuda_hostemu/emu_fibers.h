@@ -1,5 +1,5 @@
-// emu_fibers.h: the threads of one CUDA block as fibers (ucontext), for the host emulations of CUDA kernels in this
-// folder (CI has no GPU). Every thread is a fiber scheduled round-robin; __syncwarp, __syncthreads and
+// emu_fibers.h: CUDA's keywords on the host and the threads of one CUDA block as fibers (ucontext), for the host
+// emulations of CUDA kernels in this folder (CI has no GPU). Every thread is a fiber scheduled round-robin; __syncwarp, __syncthreads and
 // __shfl_xor_sync are real barriers between the fibers (a warp barrier opens when every live lane of the warp waits
 // at one, the block barrier when all threads do; threads waiting at different barriers are reported as a deadlock).
 // A fiber also keeps the cp.async copies it issued (groups, open) for an emulation that makes them visible only at
@@ -12,6 +12,13 @@
 #include <functional>
 #include <utility>
 #include <vector>
+
+// CUDA's keywords on the host
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__
+#define WARP_SIZE 32
 
 struct dim3 { unsigned x, y, z; dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {} };
 

@@ -27,12 +27,7 @@
 #define GGML_COMMON_IMPL_CPP
 #include "ggml-common.h"
 
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __restrict__
 #define CP_ASYNC_AVAILABLE
-#define WARP_SIZE 32
 #define MMVQ_MAX_BATCH_SIZE 8
 #define MATRIX_ROW_PADDING 512
 #define GGML_LOG_WARN(...) fprintf(stderr, __VA_ARGS__)

@@ -27,11 +27,6 @@
 #define GGML_COMMON_IMPL_CPP
 #include "ggml-common.h"
 
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __restrict__
-#define WARP_SIZE 32
 
 // ---- CUDA types and intrinsics ----------------------------------------------------------------------------
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
