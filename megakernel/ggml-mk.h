@@ -22,7 +22,7 @@ extern "C" {
 #endif
 #endif // __METAL_VERSION__
 
-#define GGML_MK_VERSION      2
+#define GGML_MK_VERSION      3
 #define GGML_MK_MAX_TOKENS   8     // decode (1) and verify (k+1 <= 8) batches
 #define GGML_MK_MAX_LAYERS   128
 #define GGML_MK_MAX_HEAD_DIM 512
@@ -139,6 +139,12 @@ struct ggml_mk_step {
     const float * embd;                             // host: [n_tokens][n_embd] token embedding rows (unscaled)
     const float * pl_embd;                          // host: [n_tokens][n_embd_pl*n_layer] (Gemma 4), or NULL
     struct ggml_mk_kv_view kv[GGML_MK_MAX_LAYERS];
+
+    // the final-norm rows rmsnorm(x)*output_norm (the LM head's input: llama.cpp's t_h_nextn, the hidden states an
+    // MTP draft reads), of the tokens h_rows[0..n_h-1] in that order, written to h_out (host, [n_h][n_embd], f32)
+    int32_t n_h;                                    // 0: none wanted (h_out may be NULL)
+    int32_t h_rows[GGML_MK_MAX_TOKENS];
+    float * h_out;
 };
 
 // the attention chunk for a context of n_ctx cells: 8 cells, doubled until at most 1024 chunks
@@ -151,7 +157,8 @@ static inline int32_t ggml_mk_att_chunk(int32_t n_ctx) {
 }
 
 typedef void * (*ggml_backend_mk_create_t)(const struct ggml_mk_model * model, char * err, size_t err_size);
-// evaluates one step; writes n_out rows of n_vocab logits to logits (host memory); 0 = success
+// evaluates one step; writes n_out rows of n_vocab logits to logits (host memory) and the step's n_h hidden rows to
+// step->h_out; 0 = success
 typedef int    (*ggml_backend_mk_eval_t)(void * mk, const struct ggml_mk_step * step, float * logits);
 typedef void   (*ggml_backend_mk_free_t)(void * mk);
 

@@ -513,7 +513,8 @@ static void llama_mk_get_row(llama_mk * mk, const ggml_tensor * t, int64_t r, fl
     }
 }
 
-bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out) {
+bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out,
+                     float * h_out, bool h_masked) {
     const ggml_mk_model & p = mk->plan;
     const llama_model & model = *mk->model;
     const uint32_t n_tokens = ubatch.n_tokens;
@@ -652,6 +653,14 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         }
     }
     st.n_out  = n_out;
+    if (h_out) {
+        // the rows the graph's t_h_nextn holds: every token, or (masked) the output tokens
+        st.n_h = h_masked ? n_out : (int32_t) n_tokens;
+        for (int32_t i = 0; i < st.n_h; ++i) {
+            st.h_rows[i] = h_masked ? st.out_rows[i] : i;
+        }
+        st.h_out = h_out;
+    }
     st.embd   = mk->embd.data();
     st.pl_embd = n_pl > 0 ? mk->pl_embd.data() : nullptr;
 

@@ -26,5 +26,8 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
 bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, const char * no = nullptr);
 
 // applies mctx (the ubatch's KV cells) and evaluates the ubatch: K/V rows written to the cache, the
-// logits of the ubatch's output tokens (ubatch.output order) written to logits_out; false = error
-bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out);
+// logits of the ubatch's output tokens (ubatch.output order) written to logits_out; false = error.
+// h_out != nullptr: also the hidden states an MTP draft reads (the graph's t_h_nextn: rmsnorm(x)*output_norm,
+// n_embd floats per row), of every token of the ubatch or, h_masked, of its output tokens (ubatch.output order)
+bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out,
+                     float * h_out = nullptr, bool h_masked = false);

@@ -367,9 +367,15 @@ int ggml_metal_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         return 2;
     }
 
-    const float * lo = (const float *) ((const char *) ggml_metal_buffer_get_base(mk->buf_scratch) + P->s_logits);
+    const char * scr = (const char *) ggml_metal_buffer_get_base(mk->buf_scratch);
+    const float * lo = (const float *) (scr + P->s_logits);
     for (int i = 0; i < step->n_out; ++i) {
         memcpy(logits + (size_t) i*P->n_vocab, lo + (size_t) step->out_rows[i]*P->n_vocab, (size_t) P->n_vocab*sizeof(float));
+    }
+    // the hidden states: the LM head's inputs rmsnorm(x)*output_norm, which the kernel leaves in s_xn
+    const float * xn = (const float *) (scr + P->s_xn);
+    for (int i = 0; i < step->n_h; ++i) {
+        memcpy(step->h_out + (size_t) i*P->n_embd, xn + (size_t) step->h_rows[i]*P->n_embd, (size_t) P->n_embd*sizeof(float));
     }
     return 0;
 }

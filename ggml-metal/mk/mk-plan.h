@@ -377,6 +377,16 @@ static inline int mk_mtl_step_fill(const mk_mtl_plan * P, const ggml_mk_step * s
         return -1;
     }
     const int M = st->n_tokens;
+    if (st->n_h < 0 || st->n_h > M || (st->n_h > 0 && !st->h_out)) {
+        snprintf(err, err_size, "%d hidden rows of a step of %d tokens (h_out %s)", st->n_h, M, st->h_out ? "set" : "NULL");
+        return -1;
+    }
+    for (int i = 0; i < st->n_h; ++i) {
+        if (st->h_rows[i] < 0 || st->h_rows[i] >= M) {
+            snprintf(err, err_size, "hidden row %d of a step of %d tokens", st->h_rows[i], M);
+            return -1;
+        }
+    }
     S->n_tokens = M;
     for (int m = 0; m < M; ++m) {
         S->pos[m] = st->pos[m];

@@ -106,6 +106,7 @@ struct mk_args {
     float * pl_in;  // n_pl_all (Gemma 4: per-layer inputs)
     float * pl_g;   // n_embd_pl
     float * logits; // n_vocab
+    float * h_out;  // NULL, or the LM head's input rmsnorm(x)*output_norm of every token (n_embd), for the host
     float * att_part;    // attention chunks: [MK_M][max_head][n_chunk][4 + max_head_dim] (max, sum, -, -, acc)
     unsigned * att_cnt;  // [MK_M][max_head] chunks done (the last one combines and resets it)
     unsigned * bar;       // grid barrier: arrivals in this launch (zero at the start: the launch before zeroed it)
@@ -220,6 +221,7 @@ struct mk_xin {
     float         res_scale;
     float       * res_out;
     const float * nw;  // != NULL: the input is rmsnorm(a') * nw
+    float       * nw_out;  // != NULL (with nw): block 0 also writes the normed columns there (K wide)
 };
 
 struct mk_job {
@@ -661,11 +663,11 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
 // stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8; direct (no
 // norm, only 8-bit inputs wanted): the records are made from registers and xs is not written. With a pending
 // residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out); with nw it
-// is rmsnorm(a')*nw. Global round trips: one for rms(h) (if any), one for the values (MK_SB slots per thread
-// in flight); the norm scale and the 8-bit rounding then work on shared memory and registers only. Small
-// code on purpose (the columns are a run-time loop): every phase runs it once per block, from a cold
-// instruction cache. MC: the bound of Mc the code is made for (1: one-token steps, the per-column values in
-// registers; MK_M: any batch); a column's arithmetic is the same in both.
+// is rmsnorm(a')*nw (block 0 also writes it to nw_out, if given). Global round trips: one for rms(h) (if any),
+// one for the values (MK_SB slots per thread in flight); the norm scale and the 8-bit rounding then work on
+// shared memory and registers only. Small code on purpose (the columns are a run-time loop): every phase runs
+// it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1: one-token
+// steps, the per-column values in registers; MK_M: any batch); a column's arithmetic is the same in both.
 template <int MC>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
@@ -816,6 +818,9 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 v = mk_scale4(v, ss[m]);
                 if (ok) {
                     *p = v;
+                }
+                if (x.nw_out && blockIdx.x == 0 && f < F4) {
+                    ((float4 *) (x.nw_out + (size_t) (m0 + m)*K))[f] = v;
                 }
             }
             if (q8) {
@@ -1666,7 +1671,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     };
     auto plain = [&](const float * in, int ld) {
         return [=]() {
-            mk_xin xi = { MK_X_PLAIN, in, ld, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr };
+            mk_xin xi = { MK_X_PLAIN, in, ld, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr, nullptr };
             return xi;
         };
     };
@@ -1686,8 +1691,8 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // the residual step still to apply: x = (x + h*rms(h)*res_nw)*res_scale, done by the next staging
     const float * res_nw = nullptr;
     float res_scale = 1.0f;
-    auto xin_res = [&](const float * nw) {
-        mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, res_nw ? a.h : nullptr, res_nw, res_scale, xn, nw };
+    auto xin_res = [&](const float * nw, float * nw_out = nullptr) {
+        mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, res_nw ? a.h : nullptr, res_nw, res_scale, xn, nw, nw_out };
         return xi;
     };
     auto res_applied = [&]() {
@@ -1745,7 +1750,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             mk_grid_sync(a, MK_PH_PL_GATE);
             run([&]() {
                 mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
-                              nullptr, nullptr, 1.0f, nullptr, nullptr };
+                              nullptr, nullptr, 1.0f, nullptr, nullptr, nullptr };
                 return xi;
             });
             res_nw = L.pl_post_norm;
@@ -1755,8 +1760,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         mk_grid_sync(a, ple ? MK_PH_PL_LAYER : MK_PH_DOWN);
     }
 
-    // LM head of rmsnorm(x) * output_norm after the last residual, final softcap
-    run([&]() { return xin_res(md.output_norm); });
+    // LM head of rmsnorm(x) * output_norm after the last residual, final softcap; its inputs also to a.h_out when the
+    // host wants the hidden states (an MTP draft's)
+    run([&]() { return xin_res(md.output_norm, a.h_out); });
     if (a.prof) {
         mk_grid_sync(a, MK_PH_LM_HEAD);
     }

@@ -129,6 +129,7 @@ struct mk_cuda {
 
     // scratch
     float * scratch = nullptr;
+    float * hidden  = nullptr;   // [MK_M][n_embd]: the LM head's inputs of a step whose host wants them (mk_args.h_out)
     mk_args args = {};
 
     // shared memory: the dynamic part of a block, and its layout for each step size (mk_smem_plan)
@@ -279,7 +280,7 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         (size_t) model->n_embd, (size_t) model->n_embd, (size_t) model->max_q, (size_t) model->max_kv,
         (size_t) model->max_kv, (size_t) model->max_q, (size_t) model->n_embd, (size_t) model->max_ff,
         (size_t) std::max(mk->n_pl_all, 1), (size_t) std::max(model->n_embd_pl, 1), (size_t) model->n_vocab,
-        (size_t) max_head*n_chunk*(4 + model->max_head_dim),
+        (size_t) max_head*n_chunk*(4 + model->max_head_dim), (size_t) model->n_embd,
     };
     size_t total = 0;
     for (size_t w : widths) {
@@ -293,7 +294,7 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     MK_TRY(cudaMemset(mk->scratch, 0, total), "scratch clear");
     float ** dst[] = {
         &mk->args.xb[0], &mk->args.xb[1], &mk->args.q, &mk->args.k, &mk->args.v, &mk->args.att, &mk->args.h,
-        &mk->args.g, &mk->args.pl_in, &mk->args.pl_g, &mk->args.logits, &mk->args.att_part,
+        &mk->args.g, &mk->args.pl_in, &mk->args.pl_g, &mk->args.logits, &mk->args.att_part, &mk->hidden,
     };
     char * p = (char *) mk->scratch;
     for (size_t i = 0; i < sizeof(widths)/sizeof(widths[0]); ++i) {
@@ -470,8 +471,13 @@ static void mk_gprof_add(mk_cuda * mk) {
 int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     mk_cuda * mk = (mk_cuda *) h;
     const int M = step->n_tokens;
-    if (M < 1 || M > MK_M) {
+    if (M < 1 || M > MK_M || step->n_h < 0 || step->n_h > M || (step->n_h > 0 && !step->h_out)) {
         return 1;
+    }
+    for (int i = 0; i < step->n_h; ++i) {
+        if (step->h_rows[i] < 0 || step->h_rows[i] >= M) {
+            return 1;
+        }
     }
     if (step->n_kv[0] > mk->n_ctx || step->n_kv[1] > mk->n_ctx) {
         fprintf(stderr, "%s: n_kv %d/%d exceeds the context (%d cells)\n", __func__, step->n_kv[0], step->n_kv[1], mk->n_ctx);
@@ -515,6 +521,7 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     size_t off = sz_step;
     mk_args a = mk->args;
     a.st = (const mk_dstep *) mk->d_up;
+    a.h_out = step->n_h > 0 ? mk->hidden : nullptr;
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
         if (step->mask[c]) {
             memcpy(mk->h_up + off, step->mask[c], (size_t) M*step->n_kv[c]*sizeof(float));
@@ -562,6 +569,13 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         const int r = step->out_rows[i];
         if (cudaMemcpyAsync(logits + (size_t) i*mk->n_vocab, a.logits + (size_t) r*mk->n_vocab,
                             (size_t) mk->n_vocab*sizeof(float), cudaMemcpyDeviceToHost, mk->stream) != cudaSuccess) {
+            return 5;
+        }
+    }
+    for (int i = 0; i < step->n_h; ++i) {
+        const int r = step->h_rows[i];
+        if (cudaMemcpyAsync(step->h_out + (size_t) i*mk->n_embd, mk->hidden + (size_t) r*mk->n_embd,
+                            (size_t) mk->n_embd*sizeof(float), cudaMemcpyDeviceToHost, mk->stream) != cudaSuccess) {
             return 5;
         }
     }
