@@ -47,7 +47,7 @@ def build_test_mk(build: Path, out: Path) -> Path:
     cxx = which(["c++", "g++", "clang++"])
     if not cxx:
         raise HarnessError("no C++ compiler (c++, g++, clang++) to build test-mk")
-    cmd = [cxx, "-std=c++17", "-O2", str(TEST_MK), "-o", str(out), f"-I{src}/include", f"-I{src}/ggml/include",
+    cmd = [cxx, "-std=c++17", "-O2", str(TEST_MK), "-o", str(out), f"-I{src}/include", f"-I{src}/src", f"-I{src}/ggml/include",
            f"-L{lib}", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:

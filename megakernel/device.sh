@@ -60,7 +60,7 @@ stage_build() {
     local rc=$?
     grep -E "error|warning: .*mk\.cu|FAILED" "$OUT/build.log" | head -40
     [ $rc -eq 0 ] || return $rc
-    g++ -std=c++17 -O2 -o "$BLD/bin/test-mk" "$HERE/megakernel/tests/test-mk.cpp" -I"$SRC/include" -I"$SRC/ggml/include" \
+    g++ -std=c++17 -O2 -o "$BLD/bin/test-mk" "$HERE/megakernel/tests/test-mk.cpp" -I"$SRC/include" -I"$SRC/src" -I"$SRC/ggml/include" \
         -L"$BLD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$BLD/bin" || return 1
     log "build done in $((SECONDS - t0)) s"
 }

@@ -145,7 +145,7 @@ def _build_test_mk(tmp_path: Path, build: Path) -> Path:
     src = source_tree(build)
     exe = tmp_path / "test-mk"
     lib = build / "bin"
-    cmd = [cxx(), "-std=c++17", "-O2", str(TEST_MK), "-o", str(exe), f"-I{src}/include", f"-I{src}/ggml/include",
+    cmd = [cxx(), "-std=c++17", "-O2", str(TEST_MK), "-o", str(exe), f"-I{src}/include", f"-I{src}/src", f"-I{src}/ggml/include",
            f"-L{lib}", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"building test-mk failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"

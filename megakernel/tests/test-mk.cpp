@@ -16,7 +16,12 @@
 //  6. with --variant BITS: a third context C, the megakernel with LLAMA_MEGAKERNEL_VARIANT=BITS (a
 //     candidate kernel change, ggml-mk.h GGML_MK_VAR_*): its logits must equal A's bit for bit over the
 //     teacher-forced steps, and its speed is measured against A's (AB/BA, median of paired ratios).
+//  7. gemma4 models: the hidden states an MTP draft reads (llama_set_embeddings_nextn: rmsnorm(x)*output_norm, the
+//     LM head's input) over teacher-forced batches of M = 1..4 tokens, every token's row (unmasked) and the output
+//     rows only (masked): megakernel vs graph, NMSE per row <= --max-nmse; on A, a batch's rows equal those of its
+//     one-token steps bit for bit.
 #include "llama.h"
+#include "llama-ext.h"   // llama_set_embeddings_nextn, llama_get_embeddings_nextn_ith (the MTP staging API)
 
 #include <algorithm>
 #include <chrono>
@@ -419,6 +424,88 @@ int main(int argc, char ** argv) {
                    variant.c_str(), bench_n, rounds, sp.x, sp.y, sp.ratio);
         }
         llama_free(C.ctx);
+    }
+
+    // 7. hidden states for an MTP draft (gemma4: the graph exposes them as t_h_nextn)
+    char arch[64] = "";
+    llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch));
+    if (strcmp(arch, "gemma4") == 0) {
+        const int n_embd = llama_model_n_embd(model);
+        const int n_batches = std::max(4, std::min(n_steps, 24));
+        int bad = 0;
+        for (int masked = 0; masked <= 1; ++masked) {
+            llama_set_embeddings_nextn(A.ctx, true, masked);
+            llama_set_embeddings_nextn(B.ctx, true, masked);
+            prefill(A, prompt);
+            prefill(B, prompt);
+            double worst = 0;
+            int rows = 0, pos = np, t = 0;
+            for (int s = 0; s < n_batches; ++s) {
+                const int M = 1 + s % 4;
+                llama_batch b = llama_batch_init(M, 0, 1);
+                b.n_tokens = M;
+                for (int j = 0; j < M; ++j) {
+                    b.token[j] = gen_b[t++ % gen_b.size()];
+                    b.pos[j] = pos + j;
+                    b.n_seq_id[j] = 1;
+                    b.seq_id[j][0] = 0;
+                    b.logits[j] = j == M - 1 || j % 2 == 1;   // not every row: unmasked rows come for every token anyway
+                }
+                decode_or_die(A.ctx, b, "hidden states");
+                decode_or_die(B.ctx, b, "hidden states");
+                for (int j = 0; j < M; ++j) {
+                    if (masked && !b.logits[j]) {
+                        continue;
+                    }
+                    const float * ha = llama_get_embeddings_nextn_ith(A.ctx, j);
+                    const float * hb = llama_get_embeddings_nextn_ith(B.ctx, j);
+                    if (!ha || !hb) {
+                        fprintf(stderr, "test-mk: no hidden-state row %d (megakernel %p, graph %p)\n", j, (const void *) ha, (const void *) hb);
+                        exit(2);
+                    }
+                    worst = std::max(worst, nmse(ha, hb, n_embd));
+                    ++rows;
+                }
+                llama_batch_free(b);
+                pos += M;
+            }
+            const bool ok = worst <= max_nmse;
+            printf("hidden states (%s), %d batches of M = 1..4: %d rows, NMSE max %.3g: %s\n", masked ? "masked: output rows" : "unmasked: every token",
+                   n_batches, rows, worst, ok ? "ok" : "FAIL");
+            bad += !ok;
+        }
+        {
+            // a verify batch's rows are those of its one-token steps, bit for bit (what makes a draft lossless)
+            llama_set_embeddings_nextn(A.ctx, true, false);
+            const int M = 4;
+            prefill(A, prompt);
+            std::vector<float> seq((size_t) M*n_embd), bat((size_t) M*n_embd);
+            for (int j = 0; j < M; ++j) {
+                step(A, gen_a[j], np + j);
+                memcpy(seq.data() + (size_t) j*n_embd, llama_get_embeddings_nextn_ith(A.ctx, 0), n_embd*sizeof(float));
+            }
+            llama_memory_seq_rm(llama_get_memory(A.ctx), 0, np, -1);
+            llama_batch b = llama_batch_init(M, 0, 1);
+            b.n_tokens = M;
+            for (int j = 0; j < M; ++j) {
+                b.token[j] = gen_a[j];
+                b.pos[j] = np + j;
+                b.n_seq_id[j] = 1;
+                b.seq_id[j][0] = 0;
+                b.logits[j] = 1;
+            }
+            decode_or_die(A.ctx, b, "hidden states, verify");
+            llama_batch_free(b);
+            int rows_diff = 0;
+            for (int j = 0; j < M; ++j) {
+                rows_diff += memcmp(seq.data() + (size_t) j*n_embd, llama_get_embeddings_nextn_ith(A.ctx, j), n_embd*sizeof(float)) != 0;
+            }
+            printf("hidden states, verify M=%d == one-token steps (bitwise): %d rows differ: %s\n", M, rows_diff, rows_diff ? "FAIL" : "ok");
+            bad += rows_diff != 0;
+        }
+        llama_set_embeddings_nextn(A.ctx, false, false);
+        llama_set_embeddings_nextn(B.ctx, false, false);
+        fails += bad != 0;
     }
 
     llama_free(A.ctx);
