@@ -63,11 +63,15 @@ class SynthParams:
     matrix_type: str = "Q4_0"     # type of the layer matrices (F16 for a reference without quantized weights)
     n_vocab: int = 0              # 0: the whole tokenizer; else its first n_vocab tokens (a small LM head for
                                   # emulated backends; the special tokens must lie below n_vocab)
+    h_gain: float = 0.0           # 0: the assistant reads the target's hidden state h weakly (0.05) and the target's
+                                  # output_norm is all ones; > 0: h reaches the assistant with this weight and
+                                  # output_norm is random, so that drafts change when h is wrong (not normed, another row)
 
     def key(self) -> str:
         d = asdict(self)
-        if not d["n_vocab"]:
-            del d["n_vocab"]  # the keys of models made before the field existed stay the same
+        for f in ("n_vocab", "h_gain"):
+            if not d[f]:
+                del d[f]  # the keys of models made before the field existed stay the same
         blob = json.dumps({"v": GENERATOR_VERSION, **d}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -222,7 +226,9 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
         t = _Tensors(gguf, w)
         t.add("token_embd.weight", E, "Q8_0")
         t.add("output.weight", O, "Q8_0")
-        t.add("output_norm.weight", np.ones(p.n_embd, np.float32))
+        # (random from a generator of its own: the other weights stay those of h_gain = 0)
+        out_norm = np.random.default_rng(p.seed + 1).uniform(0.5, 1.5, p.n_embd).astype(np.float32)
+        t.add("output_norm.weight", out_norm if p.h_gain else np.ones(p.n_embd, np.float32))
         t.add("rope_freqs.weight", rope_freqs)
         n_pl = p.n_embd_per_layer * p.n_layer
         t.add("per_layer_token_embd.weight", rng.standard_normal((n_vocab, n_pl), dtype=np.float32), "F16")
@@ -267,7 +273,7 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
         # the assistant sees x = E[t] * sqrt(n_embd) concatenated with the target's hidden state h;
         # pre_projection maps x through P (and h weakly), its LM head rows are unit(P E[inv[v]])
         P = mat(na, p.n_embd)
-        pre_proj = np.concatenate([P, mat(na, p.n_embd, 0.05)], axis=1)
+        pre_proj = np.concatenate([P, mat(na, p.n_embd, 0.05) * (p.h_gain / 0.05 if p.h_gain else 1.0)], axis=1)
         A = _unit_rows(E[inv] @ P.T) * 3.0
         t.add("token_embd.weight", A, "Q8_0")
         t.add("output_norm.weight", np.ones(na, np.float32))

@@ -10,7 +10,11 @@ sliding/global/shared-KV layers, proportional rope, per-layer inputs, softcap), 
   - verify == decode: a batch of M = 2..8 tokens gives each row the bits of M one-token steps;
   - planted bugs must fail: grid barriers removed (LLAMA_MEGAKERNEL_DEBUG=1) and the barrier without its
     device-scope fences (LLAMA_MEGAKERNEL_DEBUG=65536, MK_MTL_DEBUG_BARRIER_NO_FENCES in mk-plan.h);
-  - llama-server with the megakernel on: speculative decoding gives greedy's ids and log-probabilities;
+  - the hidden states an MTP draft reads (embeddings_nextn, unmasked and masked): megakernel vs graph NMSE per row,
+    and a verify batch's rows equal to its one-token steps' bitwise;
+  - llama-server with the megakernel on: speculative decoding gives greedy's ids and log-probabilities, with a
+    draft model and with draft-mtp (the target's hidden states from the megakernel: the drafts are accepted as
+    often as with the graph's);
   - the real Gemma 3 270M Q4_K_M (Q5_0, Q4_K, Q6_K, Q8_0 weights), its LM head cut to 4096 tokens: logits vs
     the graph (and vs the CPU) over 8 teacher-forced steps, greedy agreement over 16 tokens, verify == decode;
   - the source a Mac compiles at run time (embedded by mk.cmake) is the one metal-emu translated, whole.
@@ -79,6 +83,10 @@ def test_metal_megakernel_matches_metal_graph_and_verify_equals_decode(test_mk, 
     assert float(m.group(1)) < MAX_NMSE and int(m.group(2)) == 0, m.group(0)
     for M in range(2, 9):
         assert f"verify M={M}: 0 of {M} rows differ from one-token decode" in out, out[-3000:]
+    # the hidden states an MTP draft reads (embeddings_nextn), every token's row and the output rows only
+    hid = re.findall(r"^hidden states \((unmasked|masked)[^)]*\), \d+ batches of M = 1\.\.4: (\d+) rows, NMSE max (\S+): ok$", out, re.M)
+    assert len(hid) == 2 and all(int(r) > 0 and float(e) < MAX_NMSE for _, r, e in hid), out[-3000:]
+    assert "hidden states, verify M=4 == one-token steps (bitwise): 0 rows differ: ok" in out, out[-3000:]
     assert rc == 0 and "test-mk: passed" in out, out[-3000:]
 
 
@@ -223,3 +231,72 @@ def test_metal_megakernel_server_two_streams_equal_one_slot(metal_emu_build, syn
         assert g.tokens == h.tokens, f"token ids differ from the one-slot run at {spec.first_diff(g.tokens, h.tokens)}"
         assert len(g.tokens) == n and g.logprobs == h.logprobs, \
             f"log-probabilities differ from the one-slot run at {spec.first_diff(g.logprobs, h.logprobs)}"
+
+
+
+@pytest.fixture(scope="module")
+def synth_pair_h(gemma_model) -> tuple[Path, Path]:
+    """The F16 synthetic pair whose assistant reads the target's hidden state strongly (h_gain), its output_norm
+    random: drafts made from a wrong hidden state (not normed, another token's row) are rejected far more often."""
+    from harness import synth_gemma4
+    p = synth_gemma4.SynthParams(matrix_type="F16", n_vocab=4096, window=16, h_gain=1.0)
+    return synth_gemma4.ensure_pair(gemma_model, p=p)
+
+
+MTP_KS = (1, 2, 3)
+
+
+def test_metal_megakernel_server_draft_mtp_equals_greedy(metal_emu_build, synth_pair_h):
+    """llama-server with the megakernel on and --spec-type draft-mtp (the pair's MTP assistant, which reads the
+    target's hidden states rmsnorm(x)*output_norm through llama_get_embeddings_nextn_ith): for k = 1..3 the ids and
+    log-probabilities of plain greedy decoding with the megakernel, across the 16-token sliding window; the target's
+    decode and verify batches are megakernel steps (no batch falls back to the graph), and the drafts made from the
+    megakernel's hidden states are accepted exactly as often as those made from the graph's (LLAMA_MEGAKERNEL=0):
+    the assistant reads h strongly, so a wrong hidden state shows as other acceptance counts."""
+    import time
+
+    from harness import config, spec
+    bin_dir = metal_emu_build / "bin"
+    if not (bin_dir / "llama-server").is_file():
+        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    target, assistant = synth_pair_h
+    env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
+           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
+    prompts, n = spec.PROMPTS[:2], 24
+    base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]  # -lv 4: the llama_mk lines reach the log
+
+    def logs_since(t0: float) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0)
+
+    def mtp(k: int, mk: bool) -> tuple[spec.Run, str]:
+        t0 = time.time()
+        r = spec.run(bin_dir, target, prompts, n, env={**env, "LLAMA_MEGAKERNEL": "1" if mk else "0"}, timeout=600,
+                     label=f"draft-mtp k={k}, {'megakernel' if mk else 'graph'}",
+                     args=[*base, "-md", str(assistant), "-ngld", "99", "--spec-type", "draft-mtp",
+                           "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"])
+        return r, logs_since(t0)
+
+    t0 = time.time()
+    greedy = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, megakernel", timeout=600)
+    assert "llama_mk: megakernel on MTL0" in logs_since(t0), "the greedy server ran without the megakernel"
+    fails = []
+    for k in MTP_KS:
+        got, log = mtp(k, True)
+        ref, _ = mtp(k, False)
+        assert "llama_mk: megakernel on MTL0" in log, f"k={k}: the server ran without the megakernel"
+        # every decode/verify batch of the target is a megakernel step: no reason to fall back is ever logged
+        fell = [x for x in log.splitlines() if "llama_mk: standard graph for this batch" in x]
+        assert not fell, f"k={k}: batches fell back to the graph: {fell}"
+        print(f"draft-mtp k={k}: drafts accepted {got.draft_accepted}/{got.draft_n} (graph's hidden states: "
+              f"{ref.draft_accepted}/{ref.draft_n})")
+        for i, (g, h) in enumerate(zip(greedy.gens, got.gens)):
+            if g.tokens != h.tokens:
+                fails.append(f"k={k} prompt {i}: token ids differ from greedy at {spec.first_diff(g.tokens, h.tokens)}")
+            elif len(g.tokens) != n or g.logprobs != h.logprobs:
+                fails.append(f"k={k} prompt {i}: log-probabilities differ from greedy at {spec.first_diff(g.logprobs, h.logprobs)}")
+        if (got.draft_accepted, got.draft_n) != (ref.draft_accepted, ref.draft_n):
+            fails.append(f"k={k}: drafts from the megakernel's hidden states accepted {got.draft_accepted}/{got.draft_n}, "
+                         f"from the graph's {ref.draft_accepted}/{ref.draft_n}")
+        assert got.draft_accepted > 0, f"k={k}: no draft accepted: the check proves nothing"
+        assert got.draft_accepted < got.draft_n, f"k={k}: no draft rejected: the KV rollback was not exercised"
+    assert not fails, "\n".join(fails)
