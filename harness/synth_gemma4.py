@@ -65,7 +65,8 @@ class SynthParams:
                                   # emulated backends; the special tokens must lie below n_vocab)
     h_gain: float = 0.0           # 0: the assistant reads the target's hidden state h weakly (0.05) and the target's
                                   # output_norm is all ones; > 0: h reaches the assistant with this weight and
-                                  # output_norm is random, so that drafts change when h is wrong (not normed, another row)
+                                  # output_norm is random, so that an h of the wrong scale (not normed) changes the
+                                  # drafts (another token's row hardly does: the token path still carries them)
 
     def key(self) -> str:
         d = asdict(self)
@@ -371,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                          "often from the permutation the assistant predicts)")
     ap.add_argument("--n-vocab", type=int, default=d.n_vocab,
                     help="keep only the tokenizer's first N tokens (a small LM head; 0: all)")
+    ap.add_argument("--h-gain", type=float, default=d.h_gain,
+                    help="weight of the target's hidden state in the assistant (0: weak, 0.05, output_norm all ones; "
+                         "> 0: this weight and a random output_norm, so that a wrong hidden state changes the drafts)")
     ap.add_argument("--tokenizer-only", type=Path, metavar="OUT",
                     help="write only a tokenizer GGUF (for carrying to a GPU machine) to OUT and stop")
     args = ap.parse_args(argv)
@@ -380,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out_dir is None:
         ap.error("--out-dir is required")
     p = SynthParams(seed=args.seed, window=args.window, noise=args.noise, matrix_type=args.matrix_type,
-                    n_vocab=args.n_vocab)
+                    n_vocab=args.n_vocab, h_gain=args.h_gain)
     target, assistant = generate(args.out_dir, args.tokenizer_from, p)
     print(f"target:    {target}\nassistant: {assistant}\n"
           f"run: llama-server -m {target} --spec-type draft-mtp -md {assistant}")

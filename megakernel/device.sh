@@ -11,7 +11,7 @@
 # Environment: MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
-#   matrices (harness/synth_gemma4.py), e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
+#   matrices (harness/synth_gemma4.py), small-h = F16 with an assistant that reads the target's hidden state strongly, e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
 #   GPU (megakernel/synth_gpu.py), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
 #     split -n 4 -d "$(.venv/bin/stq-metal model)" .dev/mk/g3.   # here, once: 4 pieces of < 61 MiB
 #     for each piece P: run("MK_PIECE=P bash megakernel/device.sh receive", carry=[P]) in quick succession
@@ -68,11 +68,12 @@ stage_build() {
 stage_models() {
     for m in ${MK_MODELS:-small}; do
         case "$m" in
-        small|small-f16)
-            local mt=Q4_0
-            [ "$m" = small-f16 ] && mt=F16
+        small|small-f16|small-h)
+            local mt=Q4_0 hg=0
+            [ "$m" != small ] && mt=F16
+            [ "$m" = small-h ] && hg=1   # the assistant reads the target's hidden state strongly (server: draft-mtp)
             [ -f "$MODELS/$m/gemma4-synth-target.gguf" ] || \
-                PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/harness/synth_gemma4.py" --matrix-type $mt \
+                PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/harness/synth_gemma4.py" --matrix-type $mt --h-gain $hg \
                     --tokenizer-from "$DEV/mk/tokenizer.gguf" --out-dir "$MODELS/$m" | tail -1 ;;
         gemma3)
             [ -f "$MODELS/gemma3.gguf" ] || { echo "gemma3: not received (stage receive)"; return 1; } ;;
@@ -101,7 +102,7 @@ stage_receive() {
 
 model_path() {
     case "$1" in
-    small|small-f16) echo "$MODELS/$1/gemma4-synth-target.gguf" ;;
+    small|small-f16|small-h) echo "$MODELS/$1/gemma4-synth-target.gguf" ;;
     *)     echo "$MODELS/$1.gguf" ;;
     esac
 }
@@ -172,14 +173,15 @@ stage_ncusrc() {
     ls -la "$OUT/ncu-raw.csv" "$OUT/ncu-sass.csv"; head -c 600 "$OUT/ncu-sass.csv"; echo
 }
 
-# llama-server with the megakernel: speculative (draft-simple k = 1..4, and -np 2) == greedy (megakernel/server_check.py);
-# needs a build with llama-server (MK_TARGETS) and the models small and small-f16
+# llama-server with the megakernel: speculative (draft-simple k = 1..4, -np 2, draft-mtp k = 1..4) == greedy
+# (megakernel/server_check.py); needs a build with llama-server (MK_TARGETS) and the models small, small-f16 and small-h
 stage_server() {
     log "llama-server: speculative == greedy with the megakernel (synthetic gemma4 pair)"
     STQ_METAL_CACHE="$WORK/cache" python3 "$HERE/megakernel/server_check.py" --bin "$BLD/bin" \
         --target "$MODELS/small-f16/gemma4-synth-target.gguf" --draft "$MODELS/small/gemma4-synth-target.gguf" \
         --assistant "$MODELS/small-f16/gemma4-synth-assistant.gguf" \
-        --json "$OUT/server.json" 2>&1 | tee -a "$OUT/server.log" | grep -v "^\[stq-metal\]" | tail -24
+        --mtp-target "$MODELS/small-h/gemma4-synth-target.gguf" --mtp-assistant "$MODELS/small-h/gemma4-synth-assistant.gguf" \
+        --json "$OUT/server.json" 2>&1 | tee -a "$OUT/server.log" | grep -v "^\[stq-metal\]" | tail -32
     return "${PIPESTATUS[0]}"
 }
 
