@@ -116,6 +116,9 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert re.search(r"^OK one-token steps .*worst NMSE vs float64 reference", r.stdout, re.M), r.stdout
     assert "OK verify M=4: 0 of 4 rows differ" in r.stdout, r.stdout
+    # the hidden rows an MTP draft reads (mk_args.h_out, written while the LM head's inputs are staged)
+    assert re.search(r"^OK hidden rows .*worst NMSE vs float64 reference", r.stdout, re.M), r.stdout
+    assert "OK verify M=4: 0 of 4 hidden rows differ" in r.stdout, r.stdout
 
 
 def test_cuda_kernel_on_host_without_grid_barriers_fails(kernel_emu):

@@ -80,8 +80,11 @@ def _assert_ok(r: subprocess.CompletedProcess, verify: list[int]):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = re.search(r"^OK one-token steps 0\.\.17 .*worst NMSE vs float64 reference (\S+)", r.stdout, re.M)
     assert m and float(m.group(1)) < 1e-8, r.stdout
+    m = re.search(r"^OK hidden rows .*worst NMSE vs float64 reference (\S+)", r.stdout, re.M)
+    assert m and float(m.group(1)) < 1e-8, r.stdout
     for M in verify:
         assert f"OK verify M={M}: 0 of {M} rows differ" in r.stdout, r.stdout
+        assert f"OK verify M={M}: 0 of {M} hidden rows differ" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("plan", ["gemma4", "gemma3"])

@@ -224,7 +224,10 @@ int main(int argc, char ** argv) {
             exit(1);
         }
         const float * lo = (const float *) (scr + P->s_logits);
-        return std::vector<float>(lo, lo + (size_t) M*n_vocab);
+        const float * xn = (const float *) (scr + P->s_xn);   // the hidden rows (ggml_metal_mk_eval copies them from here)
+        std::vector<float> out(lo, lo + (size_t) M*n_vocab);    // logits, then the hidden rows
+        out.insert(out.end(), xn, xn + (size_t) M*n_embd);
+        return out;
     };
 
     // bound: float inputs for every type (as llama.cpp's Metal mat-vecs), so only float32 rounding

@@ -8,9 +8,10 @@
 // shape of the plan instead: no per-layer inputs, Q scaled after rope, no V norm, V = K projection on the
 // global layer (which also has a linear rope scale), the layer output scale applied after the FFN. The weights are dequantized by
 // ggml's own to_float for the reference. A driver provides run(p0, M): the logits of tokens
-// p0..p0+M-1 (token i has embedding row i and position i) evaluated as one step; mk_ref_check runs
-// the one-token steps over a sequence that crosses the window against the reference and the verify
-// steps against the one-token steps (bitwise), printing OK/FAIL lines.
+// p0..p0+M-1 (token i has embedding row i and position i) evaluated as one step, then their hidden
+// rows rmsnorm(x)*output_norm (ggml_mk_step.h_out: what an MTP draft reads); mk_ref_check runs the
+// one-token steps over a sequence that crosses the window against the reference (logits and hidden
+// rows) and the verify steps against the one-token steps (bitwise), printing OK/FAIL lines.
 //
 #pragma once
 
@@ -152,6 +153,7 @@ struct model {
     }
 
     vd ref(int pos);
+    vd ref_h;   // the hidden row rmsnorm(x)*output_norm of the last ref() (the LM head's input)
 };
 
 // builds the model with the given weight types (layer_def per layer) and output type
@@ -277,40 +279,55 @@ inline vd model::ref(int pos) {
         h = mv(*lw[il][8], pg, q8);
         hn = rms(h, L.pl_post_norm, eps); for (int k = 0; k < n_embd; ++k) x[k] = (x[k] + hn[k])*L.out_scale;
     }
-    vd lo = mv(*out, rms(x, M_.output_norm, eps), q8);
+    ref_h = rms(x, M_.output_norm, eps);
+    vd lo = mv(*out, ref_h, q8);
     for (auto & v : lo) v = tanh(v/softcap)*softcap;
     return lo;
 }
 
+// run(p0, M): [M][n_vocab] logits, then [M][n_embd] hidden rows
 typedef std::function<std::vector<float>(int p0, int M)> run_fn;
 
-// one-token steps 0..n_seq+3 vs the reference (NMSE < nmse_bound), then for every M in verify_m one
-// step of the last M tokens: its rows must equal the one-token steps bitwise. Returns the failures.
+// one-token steps 0..n_seq+3 vs the reference (NMSE < nmse_bound, logits and hidden rows), then for every M in
+// verify_m one step of the last M tokens: its rows (logits and hidden) must equal the one-token steps bitwise.
+// Returns the failures.
 static int check(model & mm, const run_fn & run, double nmse_bound, const std::vector<int> & verify_m, double * worst_out = nullptr) {
-    int fails = 0;
-    double worst = 0;
+    int fails = 0, fails_h = 0;
+    double worst = 0, worst_h = 0;
     std::vector<std::vector<float>> seq;
+    auto nmse_of = [](const float * x, const vd & r, int n) {
+        double num = 0, den = 0;
+        for (int i = 0; i < n; ++i) { num += (x[i] - r[i])*(x[i] - r[i]); den += r[i]*r[i]; }
+        return num/den;
+    };
     for (int p = 0; p < n_tok; ++p) {
         std::vector<float> lo = run(p, 1);
         vd r = mm.ref(p);
-        double num = 0, den = 0;
-        for (int i = 0; i < n_vocab; ++i) { num += (lo[i] - r[i])*(lo[i] - r[i]); den += r[i]*r[i]; }
-        const double nmse = num/den;
+        const double nmse = nmse_of(lo.data(), r, n_vocab);
         if (!(nmse <= worst)) worst = nmse;   // (a NaN stays)
         if (!(nmse < nmse_bound)) { printf("FAIL step %d: NMSE vs float64 reference %.3g\n", p, nmse); ++fails; }
+        const double nmse_h = nmse_of(lo.data() + n_vocab, mm.ref_h, n_embd);
+        if (!(nmse_h <= worst_h)) worst_h = nmse_h;
+        if (!(nmse_h < nmse_bound)) { printf("FAIL step %d: hidden row NMSE vs float64 reference %.3g\n", p, nmse_h); ++fails_h; }
         seq.push_back(lo);
     }
     printf("%s one-token steps 0..%d (window %d crossed): worst NMSE vs float64 reference %.3g\n", fails ? "FAIL" : "OK", n_tok - 1, W, worst);
+    printf("%s hidden rows (rmsnorm(x)*output_norm), one-token steps: worst NMSE vs float64 reference %.3g\n", fails_h ? "FAIL" : "OK", worst_h);
+    fails += fails_h;
     if (worst_out) *worst_out = worst;
 
     // verify: the last M tokens as one step; the cache rows they write hold the same values again
     for (int M : verify_m) {
         const int p0 = n_tok - M;
         std::vector<float> lo = run(p0, M);
-        int diff = 0;
-        for (int m = 0; m < M; ++m) diff += memcmp(&lo[(size_t) m*n_vocab], seq[p0 + m].data(), n_vocab*sizeof(float)) != 0;
+        int diff = 0, diff_h = 0;
+        for (int m = 0; m < M; ++m) {
+            diff   += memcmp(&lo[(size_t) m*n_vocab], seq[p0 + m].data(), n_vocab*sizeof(float)) != 0;
+            diff_h += memcmp(&lo[(size_t) M*n_vocab + (size_t) m*n_embd], seq[p0 + m].data() + n_vocab, n_embd*sizeof(float)) != 0;
+        }
         printf("%s verify M=%d: %d of %d rows differ bitwise from one-token steps\n", diff ? "FAIL" : "OK", M, diff, M);
-        fails += diff != 0;
+        printf("%s verify M=%d: %d of %d hidden rows differ bitwise from one-token steps\n", diff_h ? "FAIL" : "OK", M, diff_h, M);
+        fails += diff != 0 || diff_h != 0;
     }
     return fails;
 }
