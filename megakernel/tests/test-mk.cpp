@@ -129,14 +129,22 @@ static void prefill(ctx_t & c, std::vector<llama_token> & prompt) {
     decode_or_die(c.ctx, llama_batch_get_one(prompt.data(), (int) prompt.size()), "prompt");
 }
 
+// M tokens tok[first + j] (cyclically) at positions pos0 + j of sequence 0, logits for every one
+static llama_batch seq_batch(const std::vector<llama_token> & tok, size_t first, int M, int pos0) {
+    llama_batch b = llama_batch_init(M, 0, 1);
+    b.n_tokens = M;
+    for (int j = 0; j < M; ++j) {
+        b.token[j] = tok[(first + j) % tok.size()];
+        b.pos[j] = pos0 + j;
+        b.n_seq_id[j] = 1;
+        b.seq_id[j][0] = 0;
+        b.logits[j] = 1;
+    }
+    return b;
+}
+
 static void step(ctx_t & c, llama_token t, int pos) {
-    llama_batch b = llama_batch_init(1, 0, 1);
-    b.n_tokens = 1;
-    b.token[0] = t;
-    b.pos[0] = pos;
-    b.n_seq_id[0] = 1;
-    b.seq_id[0][0] = 0;
-    b.logits[0] = 1;
+    llama_batch b = seq_batch({ t }, 0, 1, pos);
     decode_or_die(c.ctx, b, "step");
     llama_batch_free(b);
 }
@@ -331,15 +339,7 @@ int main(int argc, char ** argv) {
         }
         for (int M = 2; M <= 8; ++M) {
             llama_memory_seq_rm(llama_get_memory(A.ctx), 0, p0, -1);
-            llama_batch b = llama_batch_init(M, 0, 1);
-            b.n_tokens = M;
-            for (int j = 0; j < M; ++j) {
-                b.token[j] = gen_a[8 + j];
-                b.pos[j] = p0 + j;
-                b.n_seq_id[j] = 1;
-                b.seq_id[j][0] = 0;
-                b.logits[j] = 1;
-            }
+            llama_batch b = seq_batch(gen_a, 8, M, p0);
             decode_or_die(A.ctx, b, "verify");
             llama_batch_free(b);
             int rows_diff = 0;
@@ -374,15 +374,7 @@ int main(int argc, char ** argv) {
             for (int r = 0; r < rounds; ++r) {
                 for (int i = 1; i <= 5; ++i) {
                     const int M = (r % 2 == 0) ? i : 6 - i;
-                    llama_batch b = llama_batch_init(M, 0, 1);
-                    b.n_tokens = M;
-                    for (int j = 0; j < M; ++j) {
-                        b.token[j] = gen_a[j % gen_a.size()];
-                        b.pos[j] = p0 + j;
-                        b.n_seq_id[j] = 1;
-                        b.seq_id[j][0] = 0;
-                        b.logits[j] = 1;
-                    }
+                    llama_batch b = seq_batch(gen_a, 0, M, p0);
                     auto t0 = std::chrono::steady_clock::now();
                     for (int rep = 0; rep < reps; ++rep) {
                         decode_or_die(c.ctx, b, "verify cost");
@@ -442,13 +434,9 @@ int main(int argc, char ** argv) {
             int rows = 0, pos = np, t = 0;
             for (int s = 0; s < n_batches; ++s) {
                 const int M = 1 + s % 4;
-                llama_batch b = llama_batch_init(M, 0, 1);
-                b.n_tokens = M;
+                llama_batch b = seq_batch(gen_b, t, M, pos);
+                t += M;
                 for (int j = 0; j < M; ++j) {
-                    b.token[j] = gen_b[t++ % gen_b.size()];
-                    b.pos[j] = pos + j;
-                    b.n_seq_id[j] = 1;
-                    b.seq_id[j][0] = 0;
                     b.logits[j] = j == M - 1 || j % 2 == 1;   // not every row: unmasked rows come for every token anyway
                 }
                 decode_or_die(A.ctx, b, "hidden states");
@@ -485,15 +473,7 @@ int main(int argc, char ** argv) {
                 memcpy(seq.data() + (size_t) j*n_embd, llama_get_embeddings_nextn_ith(A.ctx, 0), n_embd*sizeof(float));
             }
             llama_memory_seq_rm(llama_get_memory(A.ctx), 0, np, -1);
-            llama_batch b = llama_batch_init(M, 0, 1);
-            b.n_tokens = M;
-            for (int j = 0; j < M; ++j) {
-                b.token[j] = gen_a[j];
-                b.pos[j] = np + j;
-                b.n_seq_id[j] = 1;
-                b.seq_id[j][0] = 0;
-                b.logits[j] = 1;
-            }
+            llama_batch b = seq_batch(gen_a, 0, M, np);
             decode_or_die(A.ctx, b, "hidden states, verify");
             llama_batch_free(b);
             int rows_diff = 0;
