@@ -143,6 +143,15 @@ static llama_batch seq_batch(const std::vector<llama_token> & tok, size_t first,
     return b;
 }
 
+// sequence 0 from pos0 on dropped, then M tokens tok[first + j] decoded there in one batch
+static void verify_batch(llama_context * ctx, const std::vector<llama_token> & tok, size_t first, int M, int pos0,
+                         const char * what) {
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, pos0, -1);
+    llama_batch b = seq_batch(tok, first, M, pos0);
+    decode_or_die(ctx, b, what);
+    llama_batch_free(b);
+}
+
 static void step(ctx_t & c, llama_token t, int pos) {
     llama_batch b = seq_batch({ t }, 0, 1, pos);
     decode_or_die(c.ctx, b, "step");
@@ -338,10 +347,7 @@ int main(int argc, char ** argv) {
             memcpy(seq.data() + (size_t) j*nv, llama_get_logits_ith(A.ctx, -1), nv*sizeof(float));
         }
         for (int M = 2; M <= 8; ++M) {
-            llama_memory_seq_rm(llama_get_memory(A.ctx), 0, p0, -1);
-            llama_batch b = seq_batch(gen_a, 8, M, p0);
-            decode_or_die(A.ctx, b, "verify");
-            llama_batch_free(b);
+            verify_batch(A.ctx, gen_a, 8, M, p0, "verify");
             int rows_diff = 0;
             for (int j = 0; j < M; ++j) {
                 memcpy(bat.data() + (size_t) j*nv, llama_get_logits_ith(A.ctx, j), nv*sizeof(float));
@@ -472,10 +478,7 @@ int main(int argc, char ** argv) {
                 step(A, gen_a[j], np + j);
                 memcpy(seq.data() + (size_t) j*n_embd, llama_get_embeddings_nextn_ith(A.ctx, 0), n_embd*sizeof(float));
             }
-            llama_memory_seq_rm(llama_get_memory(A.ctx), 0, np, -1);
-            llama_batch b = seq_batch(gen_a, 0, M, np);
-            decode_or_die(A.ctx, b, "hidden states, verify");
-            llama_batch_free(b);
+            verify_batch(A.ctx, gen_a, 0, M, np, "hidden states, verify");
             int rows_diff = 0;
             for (int j = 0; j < M; ++j) {
                 rows_diff += memcmp(seq.data() + (size_t) j*n_embd, llama_get_embeddings_nextn_ith(A.ctx, j), n_embd*sizeof(float)) != 0;
