@@ -113,7 +113,10 @@ stage_test() {
         local tol=""
         # Q4_0/Q8_0 matrices: the graph rounds activations to q8_1 (mmvq), the megakernel does not; on
         # this random, chaotic model those differences grow along the sequence: report, do not judge
-        case "$m" in small|e2b|e4b|gemma3) tol="--max-nmse 10 --max-disagree 1000" ;; esac
+        # small-f16: F16 matrices, but a random model whose logits (and MTP hidden rows) drift from the graph's with the
+        # position (1.4e-4 at 24 steps, 3.1e-3 over 60 positions on the H200, NOTES.md session 9): a bound that still
+        # fails the planted bugs (hidden rows before the norm: 1e3, of the wrong token: 2.3)
+        case "$m" in small|e2b|e4b|gemma3) tol="--max-nmse 10 --max-disagree 1000" ;; small-f16) tol="--max-nmse 1e-2" ;; esac
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n "${MK_TEST_N:-160}" --rounds 0 $tol 2>&1 | tee -a "$OUT/test.log" | grep -v "^llama_\|^load\|^print_info\|^\.\.\.\|^init\|^graph\|^sched" | tail -40
         log "planted bug: grid barriers off (LLAMA_MEGAKERNEL_DEBUG=1) must FAIL"
         LLAMA_MEGAKERNEL_DEBUG=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 16 --rounds 0 $tol 2>&1 | tee -a "$OUT/test.log" | grep -E "teacher|verify ==|test-mk:" | tail -5 || true
