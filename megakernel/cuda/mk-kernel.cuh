@@ -128,8 +128,9 @@ struct mk_args {
 // grid barrier: one count of arrivals in this launch that only grows: the arrival that makes it a multiple of
 // the grid ends the barrier, so a block waits until the count reaches the next multiple of the grid above its
 // own arrival. One atomic round trip per block, no generation word, nothing on the last arrival's path; the
-// arrival is a release (and acquire) add and the poll an acquire load, which carry the phases' data. Launches alternate between two counts: this launch's block 0 zeroes
-// the next one's (nobody uses it now: the launch before has ended)
+// arrival is a release (and acquire) add and the poll an acquire load, which carry the phases' data. Launches
+// alternate between two counts: this launch's block 0 zeroes the next one's (nobody uses it now: the launch before
+// has ended)
 
 // phases, for the optional profile (LLAMA_MEGAKERNEL_PROFILE=1): the tag names the phase that ends
 enum mk_phase {
@@ -156,7 +157,6 @@ MK_DEVICE void mk_prof(const mk_args & a, int tag) {
     mk_prof_at(a.prof, tag);
 }
 
-// (thread 0 of each block; out of line: one copy of the code, not one at every barrier of the kernel body)
 // (thread 0 of each block; out of line: one copy of the code, not one at every barrier of the kernel body)
 MK_DEVICE_FN void mk_grid_arrive_wait(unsigned * bar, unsigned long long * gprof, int gprof_cap, int tag) {
     const unsigned n = gridDim.x;
@@ -245,6 +245,15 @@ MK_DEVICE float mk_gelu(float x) {
     const float SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
     const float inner = __fmul_rn(__fmul_rn(SQRT_2_OVER_PI, x), __fadd_rn(1.0f, __fmul_rn(__fmul_rn(GELU_COEF_A, x), x)));
     return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+
+// a mat-vec row's output from its warp sum(s): gelu(gate)*up for a gate/up pair, else the sum under the job's
+// softcap (0: none); every path that ends a row goes through these
+MK_DEVICE float mk_geglu(float gate, float up) {
+    return __fmul_rn(mk_gelu(gate), up);
+}
+MK_DEVICE float mk_softcap(float s, float cap) {
+    return cap != 0.0f ? tanhf(s/cap)*cap : s;
 }
 
 MK_DEVICE float mk_warp_sum(float v) {
@@ -915,7 +924,8 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
 
 // one column's pairs of Q4_0 (IS_Q4) or Q8_0 blocks of a 4-byte aligned tile at base0 (the same per-block
 // arithmetic as the any-type loop in mk_mv_run, the type known at compile time); TWO: also the tile at base1 with
-// the same groups (the up row of a gate/up pair), each input record loaded once for both
+// the same groups (a second row: the up row of a gate/up pair, or the warp's next row), each input record loaded
+// once for both
 template <bool IS_Q4, bool TWO>
 MK_DEVICE void mk_pairs1(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq, float & acc0, float & acc1) {
     for (int p = threadIdx.x % WARP_SIZE; p < ng/2; p += WARP_SIZE) {
@@ -1021,12 +1031,10 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     acc[0] = 0.0f;
                     if (lane == 0) {
                         if (R.pair) {
-                            MK_J(R, 0, y)[(size_t) m0*MK_J(R, 0, ldy) + r0.row] = __fmul_rn(mk_gelu(s0), s1);
+                            MK_J(R, 0, y)[(size_t) m0*MK_J(R, 0, ldy) + r0.row] = mk_geglu(s0, s1);
                         } else {
-                            const float c0 = MK_J(R, r0.job, softcap);
-                            const float c1 = MK_J(R, nx.job, softcap);
-                            MK_J(R, r0.job, y)[(size_t) m0*MK_J(R, r0.job, ldy) + r0.row] = c0 != 0.0f ? tanhf(s0/c0)*c0 : s0;
-                            MK_J(R, nx.job, y)[(size_t) m0*MK_J(R, nx.job, ldy) + nx.row] = c1 != 0.0f ? tanhf(s1/c1)*c1 : s1;
+                            MK_J(R, r0.job, y)[(size_t) m0*MK_J(R, r0.job, ldy) + r0.row] = mk_softcap(s0, MK_J(R, r0.job, softcap));
+                            MK_J(R, nx.job, y)[(size_t) m0*MK_J(R, nx.job, ldy) + nx.row] = mk_softcap(s1, MK_J(R, nx.job, softcap));
                         }
                     }
                     continue;
@@ -1141,11 +1149,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                         gs[m] = s;
                         continue;
                     }
-                    if (R.pair) {
-                        s = __fmul_rn(mk_gelu(gs[m]), s);
-                    } else if (cap != 0.0f) {
-                        s = tanhf(s/cap)*cap;
-                    }
+                    s = R.pair ? mk_geglu(gs[m], s) : mk_softcap(s, cap);
                     if (lane == 0) {
                         y[(size_t) (m0 + m)*ldy + orow] = s;
                     }

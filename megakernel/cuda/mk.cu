@@ -142,6 +142,14 @@ struct mk_cuda {
     size_t up_cap = 0;
 };
 
+// the profile's names of the phases (enum mk_phase)
+static const char * const mk_phase_names[MK_PH_COUNT] = {
+    "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
+    "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head", "attention (global)",
+    "(staging: rms of h)", "(staging: loads)", "(staging: norm)", "(staging: 8-bit)", "(staging: rest)",
+    "(barrier waits, all)",
+};
+
 static size_t mk_align(size_t n) {
     return (n + 255) & ~(size_t) 255;
 }
@@ -376,12 +384,6 @@ void ggml_cuda_mk_free(void * h) {
         cudaStreamSynchronize(mk->stream);
     }
     if (mk->prof_steps > 0) {
-        static const char * names[MK_PH_COUNT] = {
-            "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
-            "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head", "attention (global)",
-            "(staging: rms of h)", "(staging: loads)", "(staging: norm)", "(staging: 8-bit)", "(staging: rest)",
-            "(barrier waits, all)",
-        };
         double tot = 0.0;
         for (int i = 0; i < MK_PH_COUNT; ++i) {
             tot += mk->prof_ns[i];
@@ -391,25 +393,21 @@ void ggml_cuda_mk_free(void * h) {
                 1e3*mk->prof_kernel_ms/mk->prof_steps, 1e3*mk->prof_step_ms/mk->prof_steps);
         for (int i = 1; i < MK_PH_COUNT; ++i) {
             if (mk->prof_ns[i] > 0) {
-                fprintf(stderr, "llama_mk profile:   %-24s %9.1f us  %5.1f %%\n", names[i], 1e-3*mk->prof_ns[i]/mk->prof_steps,
+                fprintf(stderr, "llama_mk profile:   %-24s %9.1f us  %5.1f %%\n", mk_phase_names[i], 1e-3*mk->prof_ns[i]/mk->prof_steps,
                         100.0*mk->prof_ns[i]/tot);
             }
         }
     }
     if (mk->d_gprof && mk->prof_steps > 0) {
-        static const char * gnames[MK_PH_COUNT] = {
-            "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
-            "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head", "attention (global)",
-        };
         fprintf(stderr, "llama_mk grid profile: %d one-token steps, %d blocks; per phase (us per step, summed over its "
                 "barriers): the first, mean and last block's arrival at the barrier after the phase began (the first "
                 "release of the barrier before), and the mean release after the last arrival\n", mk->prof_steps, mk->grid);
         double tot[4] = {};
         for (int i = 1; i < MK_PH_COUNT; ++i) {
-            if (gnames[i] == nullptr || mk->gprof_ns[i][2] == 0.0) {
-                continue;
+            if (mk->gprof_ns[i][2] == 0.0) {
+                continue;   // (the staging and wait tags are never barrier tags)
             }
-            fprintf(stderr, "llama_mk grid profile:   %-24s first %8.1f  mean %8.1f  last %8.1f  release %7.1f\n", gnames[i],
+            fprintf(stderr, "llama_mk grid profile:   %-24s first %8.1f  mean %8.1f  last %8.1f  release %7.1f\n", mk_phase_names[i],
                     1e-3*mk->gprof_ns[i][0]/mk->prof_steps, 1e-3*mk->gprof_ns[i][1]/mk->prof_steps,
                     1e-3*mk->gprof_ns[i][2]/mk->prof_steps, 1e-3*mk->gprof_ns[i][3]/mk->prof_steps);
             for (int k = 0; k < 4; ++k) {
