@@ -67,6 +67,17 @@ def main() -> int:
     results: dict[str, object] = {}
     fails = 0
 
+    def judged_compare(label: str, ref: spec.Run, got: spec.Run):
+        """spec.compare(ref, got) of a judged case; None (the case recorded as failed) when they cannot be compared"""
+        nonlocal fails
+        try:
+            return spec.compare(ref, got)
+        except (RuntimeError, ValueError) as e:
+            print(f"FAIL: [{label}] {e}")
+            results[label] = {"ok": False, "error": str(e)}
+            fails += 1
+            return None
+
     def server_run(label: str, args: list[str], env: dict, concurrent: bool = False, prompts: list[str] | None = None,
                    target: Path | None = None) -> spec.Run:
         t0 = time.time()
@@ -111,12 +122,8 @@ def main() -> int:
     for label, args, conc in cases:
         ref = greedy_short if "short" in label else greedy
         got = server_run(label, args, mk, concurrent=conc, prompts=short if "short" in label else None)
-        try:
-            c = spec.compare(ref, got)
-        except (RuntimeError, ValueError) as e:
-            print(f"FAIL: [{label}] {e}")
-            results[label] = {"ok": False, "error": str(e)}
-            fails += 1
+        c = judged_compare(label, ref, got)
+        if c is None:
             continue
         drafted = "draft" not in label or 0 < got.draft_accepted < got.draft_n
         ok = c.tokens_equal and c.bits_equal and drafted and got.mk_on
@@ -136,12 +143,8 @@ def main() -> int:
         got = server_run(label, mtp_args(mtp_assistant, k) + one, mk, target=mtp_target)
         ref = server_run(f"draft-mtp k={k}, graph", mtp_args(mtp_assistant, k) + one, {"LLAMA_MEGAKERNEL": "0"}, target=mtp_target)
         fell = [x for x in got.log.splitlines() if "llama_mk: standard graph for this batch" in x]
-        try:
-            c = spec.compare(greedy_mtp, got)
-        except (RuntimeError, ValueError) as e:
-            print(f"FAIL: [{label}] {e}")
-            results[label] = {"ok": False, "error": str(e)}
-            fails += 1
+        c = judged_compare(label, greedy_mtp, got)
+        if c is None:
             continue
         rate = got.draft_accepted/got.draft_n if got.draft_n else 0.0
         rate_ref = ref.draft_accepted/ref.draft_n if ref.draft_n else 0.0
