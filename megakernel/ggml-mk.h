@@ -117,6 +117,8 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 #define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a
                                               // counter per (token, head)), not one block per (token, head) where it fits
+#define GGML_MK_VAR_BULK              0x2000  // weight tiles through the bulk copy engine (one cp.async.bulk per tile, completing
+                                              // on a per-stage mbarrier) instead of 16-byte cp.async per lane
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

@@ -8,6 +8,8 @@
 //   the non-coherent L1),
 //   mk_cp_async16(dst, src) / mk_cp_async_commit() / mk_cp_async_wait<N>() (asynchronous 16-byte copies
 //   global -> shared, marked first to leave L2: issue, close a group, wait until at most N groups are pending),
+//   mk_mbar_init(bar) / mk_mbar_init_fence() / mk_bulk_copy(dst, src, bytes, bar) / mk_mbar_wait(bar, parity)
+//   (the same copies of whole tiles through the bulk copy engine, completing on an mbarrier: variant GGML_MK_VAR_BULK),
 // plus the CUDA built-ins it uses (threadIdx, __syncthreads, __shfl_xor_sync, atomics, half, ...).
 #pragma once
 
@@ -548,8 +550,20 @@ MK_DEVICE void mk_cp_async_wait_n(int n) {
 }
 static_assert(MK_NS_MAX == 8, "mk_cp_async_wait_n covers n < MK_NS_MAX");
 
-// start the copy of one tile into its stage (16-byte pieces from the aligned-down start); one commit group
-MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws, int ns) {
+// a warp's bulk copies (variant GGML_MK_VAR_BULK): one mbarrier per stage, and the parity of each stage's next
+// completion (bit s: stage s), kept in a register by the mat-vec that waits and written back when it ends
+struct mk_bulk {
+    unsigned long long bar[MK_NS_MAX];
+    unsigned ph;
+    unsigned pad;
+};
+
+// start the copy of one tile into its stage (16-byte pieces from the aligned-down start); one commit group,
+// or with bk (the block's mk_bulk per warp, variant GGML_MK_VAR_BULK) one bulk copy by lane 0
+MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws, int ns, mk_bulk * bk) {
+    if (bk != nullptr && threadIdx.x % WARP_SIZE != 0) {
+        return;
+    }
     if (it.u < R.units) {
         int nbytes, g0, ng;
         const uint8_t * src = mk_tile(R, it, nbytes, g0, ng);
@@ -557,21 +571,40 @@ MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws, int ns
         const uintptr_t a1 = ((uintptr_t) src + nbytes + 15) & ~(uintptr_t) 15;
         const int n16 = (int) ((a1 - a0)/16);
         uint8_t * dst = mk_stage_buf(ws, ns, it.t);
+        if (bk != nullptr) {
+            mk_bulk_copy(dst, (const void *) a0, (unsigned) (16*n16), &bk[threadIdx.x / WARP_SIZE].bar[it.t % ns]);
+            return;
+        }
         // marked first to leave L2: the weights stream through once per step, and they pushed code, KV rows and
         // activations out of L2 (measured 1.065x the whole step on E4B against L2's normal policy)
         for (int c = threadIdx.x % WARP_SIZE; c < n16; c += WARP_SIZE) {
             mk_cp_async16(dst + 16*c, (const void *) (a0 + 16*c));
         }
     }
-    mk_cp_async_commit();
+    if (bk == nullptr) {
+        mk_cp_async_commit();
+    }
+}
+
+// wait until this warp's tile t is in its stage: pend = the copy groups committed after it; with bk, on the stage's
+// mbarrier (ph: this warp's parities, see mk_bulk); then the warp's lanes may read the stage
+MK_DEVICE void mk_tile_wait(mk_bulk * bk, unsigned & ph, int ns, int t, int pend) {
+    if (bk != nullptr) {
+        const int st = t % ns;
+        mk_mbar_wait(&bk[threadIdx.x / WARP_SIZE].bar[st], (ph >> st) & 1u);
+        ph ^= 1u << st;
+    } else {
+        mk_cp_async_wait_n(pend);
+    }
+    __syncwarp();
 }
 
 // issue this warp's first ns - 1 tiles of a mat-vec: may run before the grid barrier that
 // precedes it (the weights do not depend on the barrier), so the loads overlap the wait
-MK_DEVICE_FN void mk_mv_begin(const mk_mvr & R, uint8_t * ws, int ns) {
+MK_DEVICE_FN void mk_mv_begin(const mk_mvr & R, uint8_t * ws, int ns, mk_bulk * bk) {
     mk_it it = mk_it_first(R);
     for (int i = 0; i < ns - 1; ++i) {
-        mk_fetch(R, it, ws, ns);
+        mk_fetch(R, it, ws, ns, bk);
         if (it.u < R.units) {
             mk_it_next(R, it);
         }
@@ -948,7 +981,7 @@ MK_DEVICE void mk_pairs1(const uint8_t * base0, const uint8_t * base1, int ng, c
 // arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
 template <int MC>
 MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, int xs_bytes, int xq_bytes,
-                            uint8_t * ws, int ns, unsigned long long * prof) {
+                            uint8_t * ws, int ns, mk_bulk * bk, unsigned long long * prof) {
     if ((x.nw != nullptr) != (R.norm != 0)) {
         MK_TRAP();   // the table (mk_mv_desc) and the call disagree: the step's layout (mk_smem_plan) would be wrong
     }
@@ -961,11 +994,12 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
     const int lane = threadIdx.x % WARP_SIZE;
     const int KG   = mk_kg(K);
     const int Mcap = max(1, min(M, mk_mv_cols(R, xs_bytes, xq_bytes)));   // (mk_smem_plan: at least 1 fits)
+    unsigned ph = bk != nullptr ? bk[threadIdx.x / WARP_SIZE].ph : 0u;
 
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
         if (m0 > 0) {
-            mk_mv_begin(R, ws, ns);  // another pass over the weights for the next columns
+            mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
         mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         if (m0 == 0) {
@@ -984,12 +1018,11 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             gs[m]  = 0.0f;
         }
         for (mk_it it = mk_it_first(R); it.u < R.units; ) {
-            mk_fetch(R, fe, ws, ns);
+            mk_fetch(R, fe, ws, ns, bk);
             if (fe.u < R.units) {
                 mk_it_next(R, fe);
             }
-            mk_cp_async_wait_n(ns - 1);
-            __syncwarp();
+            mk_tile_wait(bk, ph, ns, it.t, ns - 1);
 
             int nbytes, g0, ng;
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
@@ -1010,8 +1043,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 const bool two = src1 && ng1 == ng && ((uintptr_t) base1 & 3) == 0;
                 float acc1 = 0.0f;
                 if (two) {
-                    mk_cp_async_wait_n(ns - 2);
-                    __syncwarp();
+                    mk_tile_wait(bk, ph, ns, nx.t, ns - 2);
                     if (is_q4) {
                         mk_pairs1<true, true>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
                     } else {
@@ -1019,7 +1051,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     }
                     __syncwarp();
                     // one more tile in flight (into the first tile's stage, read): ns - 1 ahead again
-                    mk_fetch(R, fe, ws, ns);
+                    mk_fetch(R, fe, ws, ns, bk);
                     if (fe.u < R.units) {
                         mk_it_next(R, fe);
                     }
@@ -1158,6 +1190,9 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
         }
         mk_cp_async_wait<0>();
         __syncthreads(); // xs is restaged by the next pass or mat-vec
+    }
+    if (bk != nullptr && threadIdx.x % WARP_SIZE == 0) {
+        bk[threadIdx.x / WARP_SIZE].ph = ph;   // (every lane holds the same)
     }
 }
 
@@ -1620,9 +1655,17 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     MK_SHARED(mk_args, s_a, 1);
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
     MK_SHARED(mk_mvr,  s_mv, 1);   // its descriptor (from the table)
+    MK_SHARED(mk_bulk, s_bulk, MK_WARPS);   // per warp: the mbarriers of its bulk copies (variant GGML_MK_VAR_BULK)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
     }
+    if (threadIdx.x < MK_WARPS*MK_NS_MAX) {
+        mk_mbar_init(&s_bulk[threadIdx.x / MK_NS_MAX].bar[threadIdx.x % MK_NS_MAX]);
+    }
+    if (threadIdx.x < MK_WARPS) {
+        s_bulk[threadIdx.x].ph = 0;
+    }
+    mk_mbar_init_fence();
     __syncthreads();
     const mk_args & a = s_a[0];
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -1630,6 +1673,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     }
     float   * xs = (float *) smem;                                // staged mat-vec inputs; the heads' scratch
     uint8_t * ws = (uint8_t *) smem + a.xs_bytes + a.xq_bytes;   // weight stages (a.ns per warp)
+    mk_bulk * bk = (a.m->debug_flags & GGML_MK_VAR_BULK) ? s_bulk : nullptr;
 
     const ggml_mk_model & md = *a.m;
     const int M = a.st->n_tokens;
@@ -1659,7 +1703,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
             ((unsigned *) s_mv)[i] = src[i];
         }
         __syncthreads();
-        mk_mv_begin(s_mv[0], ws, a.ns);
+        mk_mv_begin(s_mv[0], ws, a.ns, bk);
     };
     auto run = [&](auto fx) {
         if (threadIdx.x == 0) {
@@ -1668,9 +1712,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         __syncthreads();
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
-            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
+            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof);
         } else {
-            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, a.prof);
+            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof);
         }
     };
     auto plain = [&](const float * in, int ld) {

@@ -74,6 +74,35 @@ static __device__ __forceinline__ void mk_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// the same weights through the bulk copy engine (TMA, sm_90; variant GGML_MK_VAR_BULK): one instruction copies a
+// whole tile and completes on an mbarrier in shared memory (one per warp and stage, expecting one arrival)
+static __device__ __forceinline__ void mk_mbar_init(unsigned long long * bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned) __cvta_generic_to_shared(bar)) : "memory");
+}
+static __device__ __forceinline__ void mk_mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// bytes (a multiple of 16, src and dst 16-byte aligned) from global to shared memory; bar's phase completes when
+// they have landed
+static __device__ __forceinline__ void mk_bulk_copy(void * dst, const void * src, unsigned bytes, unsigned long long * bar) {
+    const unsigned d = (unsigned) __cvta_generic_to_shared(dst);
+    const unsigned b = (unsigned) __cvta_generic_to_shared(bar);
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 :: "r"(d), "l"(src), "r"(bytes), "r"(b), "l"(pol) : "memory");
+}
+// wait until the phase of bar with this parity has completed
+static __device__ __forceinline__ void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
+    const unsigned b = (unsigned) __cvta_generic_to_shared(bar);
+    unsigned done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(b), "r"(parity) : "memory");
+    } while (!done);
+}
+
 // the grid barrier's arrival (release: the block's writes, ordered before it by __syncthreads, go first; acquire:
 // the last arrival sees the others' writes) and poll (acquire: what the other blocks wrote before their arrivals is
 // seen after it), GPU scope

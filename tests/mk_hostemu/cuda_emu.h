@@ -158,6 +158,39 @@ static inline float4         mk_ldcg4(const float4 * p) { const volatile float *
 static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }
 static inline void mk_cp_async_commit() {}
 template <int N> static inline void mk_cp_async_wait() {}
+// bulk copies (variant GGML_MK_VAR_BULK) land only when a thread waits for their mbarrier phase: a read of a stage
+// before its wait sees the old bytes, and a wait for the wrong parity deadlocks (reported) as it would hang on a GPU.
+// An mbarrier expects one arrival per phase, which mk_bulk_copy makes (with its copy).
+struct emu_mbar {
+    unsigned long completed = 0;   // phases completed
+    struct copy { void * dst; const void * src; unsigned bytes; };
+    std::vector<copy> pending;     // copies issued, not landed yet (phase completed + i)
+};
+inline std::map<const void *, emu_mbar> emu_mbars;
+static inline void mk_mbar_init(unsigned long long * bar) { emu_mbars[bar] = emu_mbar(); }
+static inline void mk_mbar_init_fence() {}
+static inline void mk_bulk_copy(void * dst, const void * src, unsigned bytes, unsigned long long * bar) {
+    if (bytes % 16 != 0 || (uintptr_t) dst % 16 != 0 || (uintptr_t) src % 16 != 0) {
+        fprintf(stderr, "cuda_emu: cp.async.bulk of %u bytes at %p -> %p: not 16-byte aligned\n", bytes, src, dst);
+        abort();
+    }
+    emu_mbars.at(bar).pending.push_back({ dst, src, bytes });
+    ++emu_progress;
+}
+static inline void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
+    emu_mbar & b = emu_mbars.at(bar);
+    // phase k has parity k & 1; the wait returns once the phase with this parity is the last completed one
+    while ((b.completed & 1) == parity) {
+        if (!b.pending.empty()) {
+            memcpy(b.pending.front().dst, b.pending.front().src, b.pending.front().bytes);
+            b.pending.erase(b.pending.begin());
+            ++b.completed;
+            ++emu_progress;
+            continue;
+        }
+        emu_yield();
+    }
+}
 
 // run kernel(args) on n_blocks blocks of n_threads threads, all co-resident; false on a deadlock
 inline void (*emu_entry_fn)(const void *);
