@@ -191,7 +191,10 @@ stage_server() {
 stage_sanitize() {
     for tool in ${MK_SAN_TOOLS:-memcheck synccheck racecheck}; do
         log "compute-sanitizer $tool"
-        LLAMA_MEGAKERNEL_GRID=${MK_SAN_GRID:-} compute-sanitizer --tool $tool --error-exitcode 3 "$BLD/bin/test-mk" -m "$(model_path small-f16)" -n 2 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 | tee -a "$OUT/sanitize.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|test-mk:" | head -8
+        # (racecheck and synccheck track every mbarrier of the grid: 16 warps x the weight stages per block)
+        local nb=""
+        [ "$tool" = memcheck ] || nb="--num-cuda-barriers ${MK_SAN_BARRIERS:-8192}"
+        LLAMA_MEGAKERNEL_GRID=${MK_SAN_GRID:-} compute-sanitizer --tool $tool $nb --error-exitcode 3 "$BLD/bin/test-mk" -m "$(model_path small-f16)" -n 2 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 | tee -a "$OUT/sanitize.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|test-mk:" | head -8
     done
 }
 

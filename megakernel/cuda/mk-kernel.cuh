@@ -9,7 +9,7 @@
 //   mk_cp_async16(dst, src) / mk_cp_async_commit() / mk_cp_async_wait<N>() (asynchronous 16-byte copies
 //   global -> shared, marked first to leave L2: issue, close a group, wait until at most N groups are pending),
 //   mk_mbar_init(bar) / mk_mbar_init_fence() / mk_bulk_copy(dst, src, bytes, bar) / mk_mbar_wait(bar, parity)
-//   (the same copies of whole tiles through the bulk copy engine, completing on an mbarrier: variant GGML_MK_VAR_BULK),
+//   (the same copies of whole tiles through the bulk copy engine, completing on an mbarrier: sm_90, mk_args.bulk),
 // plus the CUDA built-ins it uses (threadIdx, __syncthreads, __shfl_xor_sync, atomics, half, ...).
 #pragma once
 
@@ -124,6 +124,7 @@ struct mk_args {
     int xs_bytes;   // the step's shared memory (mk_smem_plan): staged inputs, their 8-bit records, then
     int xq_bytes;   //   ns weight stages per warp
     int ns;
+    int bulk;       // 1: weight tiles through the bulk copy engine (sm_90+), 0: 16-byte cp.async per lane
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -550,7 +551,7 @@ MK_DEVICE void mk_cp_async_wait_n(int n) {
 }
 static_assert(MK_NS_MAX == 8, "mk_cp_async_wait_n covers n < MK_NS_MAX");
 
-// a warp's bulk copies (variant GGML_MK_VAR_BULK): one mbarrier per stage, and the parity of each stage's next
+// a warp's bulk copies (mk_args.bulk): one mbarrier per stage, and the parity of each stage's next
 // completion (bit s: stage s), kept in a register by the mat-vec that waits and written back when it ends
 struct mk_bulk {
     unsigned long long bar[MK_NS_MAX];
@@ -559,7 +560,7 @@ struct mk_bulk {
 };
 
 // start the copy of one tile into its stage (16-byte pieces from the aligned-down start); one commit group,
-// or with bk (the block's mk_bulk per warp, variant GGML_MK_VAR_BULK) one bulk copy by lane 0
+// or with bk (the block's mk_bulk per warp, mk_args.bulk) one bulk copy by lane 0
 MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws, int ns, mk_bulk * bk) {
     if (bk != nullptr && threadIdx.x % WARP_SIZE != 0) {
         return;
@@ -1320,9 +1321,9 @@ MK_DEVICE float mk_ld_part(const float * p) {
 
 // BLK: one block per (token, head) (returns false, having done nothing, when the step's chunk list is longer than the
 // block's shared memory holds); else the device-wide way. Two instantiations, each with its own registers
-template <int NP, bool BLK>
+// CPI: cells per step (registers: K and V of CPI cells)
+template <int NP, bool BLK, int CPI = (NP > 4 ? 2 : 8)>
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
-    constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
@@ -1655,12 +1656,12 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     MK_SHARED(mk_args, s_a, 1);
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
     MK_SHARED(mk_mvr,  s_mv, 1);   // its descriptor (from the table)
-    MK_SHARED(mk_bulk, s_bulk, MK_WARPS);   // per warp: the mbarriers of its bulk copies (variant GGML_MK_VAR_BULK)
+    MK_SHARED(mk_bulk, s_bulk, MK_WARPS);   // per warp: the mbarriers of its bulk copies (mk_args.bulk)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
     }
-    if (threadIdx.x < MK_WARPS*MK_NS_MAX) {
-        mk_mbar_init(&s_bulk[threadIdx.x / MK_NS_MAX].bar[threadIdx.x % MK_NS_MAX]);
+    if (ka.bulk && threadIdx.x < MK_WARPS*ka.ns) {
+        mk_mbar_init(&s_bulk[threadIdx.x / ka.ns].bar[threadIdx.x % ka.ns]);   // (the stages in use)
     }
     if (threadIdx.x < MK_WARPS) {
         s_bulk[threadIdx.x].ph = 0;
@@ -1673,7 +1674,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     }
     float   * xs = (float *) smem;                                // staged mat-vec inputs; the heads' scratch
     uint8_t * ws = (uint8_t *) smem + a.xs_bytes + a.xq_bytes;   // weight stages (a.ns per warp)
-    mk_bulk * bk = (a.m->debug_flags & GGML_MK_VAR_BULK) ? s_bulk : nullptr;
+    mk_bulk * bk = a.bulk ? s_bulk : nullptr;
 
     const ggml_mk_model & md = *a.m;
     const int M = a.st->n_tokens;
@@ -1762,7 +1763,11 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         mk_heads(a, il, M, xs);
         mk_grid_sync(a, MK_PH_HEADS);
 
-        if (L.head_dim <= 256) {
+        if (L.head_dim <= 256 && (md.debug_flags & GGML_MK_VAR_ATT_CPI4)) {
+            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true, 4>(a, il, M, xs)) {
+                mk_attention<4, false, 4>(a, il, M, xs);
+            }
+        } else if (L.head_dim <= 256) {
             if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
                 mk_attention<4, false>(a, il, M, xs);
             }

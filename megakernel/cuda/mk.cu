@@ -60,45 +60,62 @@ static __device__ __forceinline__ unsigned mk_ldcg_u32(const unsigned * p) {
 
 // weights into shared memory without a register round trip (sm_80+), cached in L2 only and marked first to leave
 // it: the weights stream through once per step (code, KV rows and activations stay)
+// (sm_80+: ggml_backend_mk_create declines older devices; code for them traps)
 static __device__ __forceinline__ void mk_cp_async16(void * dst, const void * src) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
     unsigned long long pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "l"(pol) : "memory");
+#else
+    __trap();
+#endif
 }
 static __device__ __forceinline__ void mk_cp_async_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
 }
 template <int N>
 static __device__ __forceinline__ void mk_cp_async_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+#endif
 }
 
-// the same weights through the bulk copy engine (TMA, sm_90; variant GGML_MK_VAR_BULK): one instruction copies a
-// whole tile and completes on an mbarrier in shared memory (one per warp and stage, expecting one arrival)
+// the same weights through the bulk copy engine (TMA, sm_90+; mk_args.bulk, the host sets it on such devices unless
+// variant GGML_MK_VAR_CP_ASYNC): one instruction copies a whole tile and completes on an mbarrier in shared memory
+// (one per warp and stage, expecting one arrival). Measured 1.036x the whole step on E4B, 1.012x on Gemma 3 270M
+// against the 16-byte cp.async (H200, NOTES.md session 10). Code for older devices traps (never launched with bulk)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define MK_BULK_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define MK_BULK_ASM(...) __trap()
+#endif
 static __device__ __forceinline__ void mk_mbar_init(unsigned long long * bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned) __cvta_generic_to_shared(bar)) : "memory");
+    MK_BULK_ASM("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned) __cvta_generic_to_shared(bar)) : "memory");
 }
 static __device__ __forceinline__ void mk_mbar_init_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    MK_BULK_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // bytes (a multiple of 16, src and dst 16-byte aligned) from global to shared memory; bar's phase completes when
 // they have landed
 static __device__ __forceinline__ void mk_bulk_copy(void * dst, const void * src, unsigned bytes, unsigned long long * bar) {
     const unsigned d = (unsigned) __cvta_generic_to_shared(dst);
     const unsigned b = (unsigned) __cvta_generic_to_shared(bar);
-    unsigned long long pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 :: "r"(d), "l"(src), "r"(bytes), "r"(b), "l"(pol) : "memory");
+    unsigned long long pol = 0;
+    (void) pol;
+    MK_BULK_ASM("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    MK_BULK_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(bytes) : "memory");
+    MK_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                :: "r"(d), "l"(src), "r"(bytes), "r"(b), "l"(pol) : "memory");
 }
 // wait until the phase of bar with this parity has completed
 static __device__ __forceinline__ void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
     const unsigned b = (unsigned) __cvta_generic_to_shared(bar);
-    unsigned done;
+    unsigned done = 0;
     do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        MK_BULK_ASM("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
                      : "=r"(done) : "r"(b), "r"(parity) : "memory");
     } while (!done);
 }
@@ -139,6 +156,7 @@ struct mk_cuda {
     int n_ctx = 0;
     int att_chunk = 8;
     bool all_chunks = false;   // GGML_MK_VAR_ALL_CHUNKS
+    bool bulk = false;         // weight tiles by cp.async.bulk (sm_90+, not GGML_MK_VAR_CP_ASYNC)
     uint64_t launches = 0;     // the grid barrier's two counts alternate per launch
 
     // LLAMA_MEGAKERNEL_PROFILE=1: per-phase times of one-token steps (block 0's view), printed at the end
@@ -277,6 +295,15 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         ggml_cuda_mk_free(mk);
         return nullptr;
     }
+    int cc_major = 0;
+    MK_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, mk->device), "compute capability");
+    if (cc_major < 8) {
+        snprintf(err, err_size, "compute capability %d.x: the kernel needs 8.0 or newer (cp.async)", cc_major);
+        ggml_cuda_mk_free(mk);
+        return nullptr;
+    }
+    // the weight tiles through the bulk copy engine where there is one (sm_90+), unless variant GGML_MK_VAR_CP_ASYNC
+    mk->bulk = cc_major >= 9 && !(model->debug_flags & GGML_MK_VAR_CP_ASYNC);
     // all the shared memory a block may have: the kernel's static arrays, the rest dynamic (inputs and weight stages)
     int optin = 0;
     cudaFuncAttributes fa = {};
@@ -583,6 +610,7 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     a.xs_bytes = mk->smem[M].xs_bytes;
     a.xq_bytes = mk->smem[M].xq_bytes;
     a.ns       = mk->smem[M].ns;
+    a.bulk     = mk->bulk;
     void * kargs[] = { (void *) &a };
     cudaError_t e = cudaLaunchCooperativeKernel((const void *) mk_decode_kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
     if (e != cudaSuccess) {

@@ -158,7 +158,7 @@ static inline float4         mk_ldcg4(const float4 * p) { const volatile float *
 static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }
 static inline void mk_cp_async_commit() {}
 template <int N> static inline void mk_cp_async_wait() {}
-// bulk copies (variant GGML_MK_VAR_BULK) land only when a thread waits for their mbarrier phase: a read of a stage
+// bulk copies (mk_args.bulk) land only when a thread waits for their mbarrier phase: a read of a stage
 // before its wait sees the old bytes, and a wait for the wrong parity deadlocks (reported) as it would hang on a GPU.
 // An mbarrier expects one arrival per phase, which mk_bulk_copy makes (with its copy).
 struct emu_mbar {
