@@ -22,7 +22,7 @@ extern "C" {
 #endif
 #endif // __METAL_VERSION__
 
-#define GGML_MK_VERSION      3
+#define GGML_MK_VERSION      4
 #define GGML_MK_MAX_TOKENS   8     // decode (1) and verify (k+1 <= 8) batches
 #define GGML_MK_MAX_LAYERS   128
 #define GGML_MK_MAX_HEAD_DIM 512
@@ -93,6 +93,8 @@ struct ggml_mk_model {
     float   attn_factor;    // rope mscale (ggml attn_factor)
     float   kq_scale;       // scale of Q.K (1: Gemma folds it into Q or its norms)
     int32_t debug_flags;    // GGML_MK_DEBUG_*: planted bugs for tests only; GGML_MK_VAR_*: kernel variants
+    int32_t by_default;     // 1: on because nobody asked otherwise (LLAMA_MEGAKERNEL unset): the backend declines, with
+                            // the reason, a device where the megakernel has not been measured faster than its graph
     int32_t n_ctx;          // KV cells of the context (an upper bound of every step's n_kv)
     int32_t att_chunk;      // attention is split into chunks of this many cells, counted from cell 0
                             // (a power of two fixed for the context: a token's chunks, and so its
@@ -122,6 +124,9 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_ATT_CPI4          0x4000  // attention steps of 4 cells for head dims <= 256 (not 8): half the unrolled code
                                               // (fetched from L2 at every layer); another online-softmax grouping, so not
                                               // bitwise the default's (still the same for every M)
+#define GGML_MK_VAR_PREFETCH          0x8000  // the weights of the mat-vec after the next one are pulled into L2 (bulk
+                                              // prefetch, sm_90+) while the phases before it run: attention and barrier
+                                              // waits leave HBM idle, and a mat-vec's own stream uses half its bandwidth
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

@@ -209,10 +209,11 @@ struct llama_mk_builder {
 };
 
 llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cparams) {
-    // opt-in until it beats the graph: the first version decodes slower than llama.cpp's CUDA graph
-    // (NOTES.md, 2026-11-30); LLAMA_MEGAKERNEL=1 turns it on, 0 (or unset) keeps the graph
+    // on by default where the backend has measured it faster than its graph (CUDA on Hopper: NOTES.md, session 10);
+    // LLAMA_MEGAKERNEL=1 asks for it on any device, 0 keeps the graph
     const char * env = getenv("LLAMA_MEGAKERNEL");
-    const bool on = env && (strcmp(env, "1") == 0 || strcmp(env, "on") == 0);
+    const bool asked = env && (strcmp(env, "1") == 0 || strcmp(env, "on") == 0);
+    const bool on    = asked || !env || env[0] == '\0' || strcmp(env, "auto") == 0;
 
     const auto & hp = model.hparams;
     const bool is_g3 = model.arch == LLM_ARCH_GEMMA3;
@@ -221,7 +222,7 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
         return nullptr; // other architectures: silently the standard graph
     }
     if (!on) {
-        LLAMA_LOG_INFO("llama_mk: megakernel off (LLAMA_MEGAKERNEL=%s; set LLAMA_MEGAKERNEL=1 to use it)\n", env ? env : "unset");
+        LLAMA_LOG_INFO("llama_mk: megakernel off (LLAMA_MEGAKERNEL=%s; unset it or set 1 to use it)\n", env);
         return nullptr;
     }
     if (hp.no_alloc) {
@@ -359,6 +360,7 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
         return off(std::string("weights are on ") + ggml_backend_dev_name(b.dev) + ", not a GPU");
     }
     p.kv_type = GGML_TYPE_F16;
+    p.by_default = asked ? 0 : 1;
 
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(b.dev);
     auto create = (ggml_backend_mk_create_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_mk_create");

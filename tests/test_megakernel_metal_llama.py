@@ -203,6 +203,29 @@ def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synt
     assert got.draft_accepted < got.draft_n, "no draft rejected: the KV rollback was not exercised"
 
 
+def test_metal_megakernel_not_on_by_default_on_apple_gpus(metal_emu_build, synth_small):
+    """LLAMA_MEGAKERNEL unset: on by default only where a backend measured it faster than its graph (CUDA on
+    Hopper); the Metal kernel was never timed on a Mac, so ggml-metal declines and the log says why and how to ask."""
+    import time
+
+    from harness import config, spec
+    t0 = time.time()
+    bin_dir = metal_emu_build / "bin"
+    if not (bin_dir / "llama-server").is_file():
+        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    env = {"LLAMA_MEGAKERNEL": None, "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
+           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
+    got = spec.run(bin_dir, synth_small["F16"], spec.PROMPTS[:1], 4, env=env, timeout=600, label="default, metal-emu",
+                   args=["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"])
+    assert len(got.gens[0].tokens) == 4
+    logs = [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
+    assert logs, "no server log"
+    line = [x for x in logs[-1].splitlines() if "llama_mk:" in x]
+    print("\n".join(line))
+    assert any("megakernel off: backend: not yet measured on Apple GPUs" in x and "LLAMA_MEGAKERNEL=1" in x for x in line), line
+    assert not any("megakernel on" in x for x in line), line
+
+
 def test_metal_megakernel_server_two_streams_equal_one_slot(metal_emu_build, synth_small):
     """-np 2 without a unified KV cache (one stream per sequence), flash attention on (V not transposed): two prompts
     sent at once run as megakernel steps over both streams (laid end to end, each token masked to its own stream), and

@@ -246,6 +246,11 @@ static ggml_metal_buffer_id ggml_metal_mk_own_id(ggml_metal_buffer_t buf, size_t
 }
 
 void * ggml_metal_mk_create(ggml_metal_device_t dev, const ggml_mk_model * model, char * err, size_t err_size) {
+    if (model->by_default) {
+        // never timed on Apple hardware (correct on metal-emu only): asked for, not on by default
+        snprintf(err, err_size, "not yet measured on Apple GPUs, so not on by default; LLAMA_MEGAKERNEL=1 uses it");
+        return nullptr;
+    }
     ggml_metal_mk * mk = new ggml_metal_mk();
     mk->dev  = dev;
     mk->plan = new mk_mtl_plan();

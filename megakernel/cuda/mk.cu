@@ -110,6 +110,10 @@ static __device__ __forceinline__ void mk_bulk_copy(void * dst, const void * src
     MK_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                 :: "r"(d), "l"(src), "r"(bytes), "r"(b), "l"(pol) : "memory");
 }
+// pull bytes (a multiple of 16, p 16-byte aligned) into L2; nothing to wait for
+static __device__ __forceinline__ void mk_prefetch_l2(const void * p, unsigned bytes) {
+    MK_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+}
 // wait until the phase of bar with this parity has completed
 static __device__ __forceinline__ void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
     const unsigned b = (unsigned) __cvta_generic_to_shared(bar);
@@ -299,6 +303,13 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     MK_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, mk->device), "compute capability");
     if (cc_major < 8) {
         snprintf(err, err_size, "compute capability %d.x: the kernel needs 8.0 or newer (cp.async)", cc_major);
+        ggml_cuda_mk_free(mk);
+        return nullptr;
+    }
+    if (model->by_default && cc_major != 9) {
+        // measured faster than the CUDA graph on an H200 only (NOTES.md, session 10)
+        snprintf(err, err_size, "compute capability %d.x: on by default only on Hopper (9.x), where it was measured faster "
+                 "than the CUDA graph; LLAMA_MEGAKERNEL=1 uses it here", cc_major);
         ggml_cuda_mk_free(mk);
         return nullptr;
     }
