@@ -119,14 +119,9 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 #define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a
                                               // counter per (token, head)), not one block per (token, head) where it fits
-#define GGML_MK_VAR_CP_ASYNC          0x2000  // (before) weight tiles as 16-byte cp.async per lane, not through the bulk copy
-                                              // engine (one cp.async.bulk per tile on a per-stage mbarrier; sm_90+)
-#define GGML_MK_VAR_ATT_CPI4          0x4000  // attention steps of 4 cells for head dims <= 256 (not 8): half the unrolled code
-                                              // (fetched from L2 at every layer); another online-softmax grouping, so not
-                                              // bitwise the default's (still the same for every M)
-#define GGML_MK_VAR_PREFETCH          0x8000  // the weights of the mat-vec after the next one are pulled into L2 (bulk
-                                              // prefetch, sm_90+) while the phases before it run: attention and barrier
-                                              // waits leave HBM idle, and a mat-vec's own stream uses half its bandwidth
+#define GGML_MK_VAR_CP_ASYNC          0x2000  // weight tiles as 16-byte cp.async per lane (the path of sm_80..89 devices), not
+                                              // through the bulk copy engine (one cp.async.bulk per tile on a per-stage
+                                              // mbarrier: sm_90+)
 
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))

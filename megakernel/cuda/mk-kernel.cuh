@@ -10,7 +10,6 @@
 //   global -> shared, marked first to leave L2: issue, close a group, wait until at most N groups are pending),
 //   mk_mbar_init(bar) / mk_mbar_init_fence() / mk_bulk_copy(dst, src, bytes, bar) / mk_mbar_wait(bar, parity)
 //   (the same copies of whole tiles through the bulk copy engine, completing on an mbarrier: sm_90, mk_args.bulk),
-//   mk_prefetch_l2(p, bytes) (p and bytes multiples of 16: pull them into L2, no completion; sm_90),
 // plus the CUDA built-ins it uses (threadIdx, __syncthreads, __shfl_xor_sync, atomics, half, ...).
 #pragma once
 
@@ -307,7 +306,7 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
 // memory, and fields of job j indexed directly)
 struct mk_mvr {
     mk_jr j[3];
-    int   pair, units, norm, njobs;
+    int   pair, units, norm;
 };
 
 // field f of job j (0..2) of R
@@ -323,7 +322,6 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv) {
     R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2]) : R.j[0];
     R.pair  = mv.pair;
     R.norm  = mv.norm;
-    R.njobs = mv.n_jobs;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].ne1 + (mv.n_jobs > 1 ? R.j[1].ne1 : 0) + (mv.n_jobs > 2 ? R.j[2].ne1 : 0);
     return R;
 }
@@ -600,51 +598,6 @@ MK_DEVICE void mk_tile_wait(mk_bulk * bk, unsigned & ph, int ns, int t, int pend
         mk_cp_async_wait_n(pend);
     }
     __syncwarp();
-}
-
-// variant GGML_MK_VAR_PREFETCH: pull the weights of the first mat-vec after table entry idx that has any into L2
-// (its jobs' rows laid end to end, an equal slice per warp of the grid, one bulk prefetch per job a slice touches).
-// Called when entry idx is begun (before the barrier ahead of it), so they arrive while idx and the phases between run.
-// Not for mat-vecs near L2's size (the LM head): they would push out what is being read
-#define MK_PF_MAX_BYTES (32u << 20)
-MK_DEVICE_FN void mk_mv_prefetch(const mk_mvr * tab, int idx, int n_mv) {
-    if (threadIdx.x % WARP_SIZE != 0) {
-        return;
-    }
-    int k = idx + 1;
-    while (k < n_mv && tab[k].units == 0) {
-        ++k;
-    }
-    if (k >= n_mv) {
-        return;
-    }
-    const mk_mvr & R = tab[k];
-    uint64_t total = 0;
-    for (int j = 0; j < R.njobs; ++j) {
-        total += R.j[j].nb1*(uint64_t) R.j[j].ne1;
-    }
-    if (total > MK_PF_MAX_BYTES) {
-        return;
-    }
-    const uint64_t nw = (uint64_t) gridDim.x*MK_WARPS;
-    const uint64_t w  = (uint64_t) blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE;
-    const uint64_t lo = total*w/nw;
-    const uint64_t hi = total*(w + 1)/nw;
-    uint64_t off = 0;
-    for (int j = 0; j < R.njobs; ++j) {
-        const uint64_t len = R.j[j].nb1*(uint64_t) R.j[j].ne1;
-        const uint64_t s = lo > off ? lo : off;
-        const uint64_t e = hi < off + len ? hi : off + len;
-        if (s < e) {
-            // (16-byte bounds inside the job's rows)
-            const uintptr_t a0 = ((uintptr_t) R.j[j].data + (s - off) + 15) & ~(uintptr_t) 15;
-            const uintptr_t a1 = ((uintptr_t) R.j[j].data + (e - off)) & ~(uintptr_t) 15;
-            if (a1 > a0) {
-                mk_prefetch_l2((const void *) a0, (unsigned) (a1 - a0));
-            }
-        }
-        off += len;
-    }
 }
 
 // issue this warp's first ns - 1 tiles of a mat-vec: may run before the grid barrier that
@@ -1368,9 +1321,9 @@ MK_DEVICE float mk_ld_part(const float * p) {
 
 // BLK: one block per (token, head) (returns false, having done nothing, when the step's chunk list is longer than the
 // block's shared memory holds); else the device-wide way. Two instantiations, each with its own registers
-// CPI: cells per step (registers: K and V of CPI cells)
-template <int NP, bool BLK, int CPI = (NP > 4 ? 2 : 8)>
+template <int NP, bool BLK>
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
+    constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
@@ -1752,9 +1705,6 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         }
         __syncthreads();
         mk_mv_begin(s_mv[0], ws, a.ns, bk);
-        if (md.debug_flags & GGML_MK_VAR_PREFETCH) {
-            mk_mv_prefetch(a.mvt, idx, mk_mv_count(md.n_layer));
-        }
     };
     auto run = [&](auto fx) {
         if (threadIdx.x == 0) {
@@ -1813,11 +1763,7 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         mk_heads(a, il, M, xs);
         mk_grid_sync(a, MK_PH_HEADS);
 
-        if (L.head_dim <= 256 && (md.debug_flags & GGML_MK_VAR_ATT_CPI4)) {
-            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true, 4>(a, il, M, xs)) {
-                mk_attention<4, false, 4>(a, il, M, xs);
-            }
-        } else if (L.head_dim <= 256) {
+        if (L.head_dim <= 256) {
             if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
                 mk_attention<4, false>(a, il, M, xs);
             }

@@ -110,10 +110,6 @@ static __device__ __forceinline__ void mk_bulk_copy(void * dst, const void * src
     MK_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                 :: "r"(d), "l"(src), "r"(bytes), "r"(b), "l"(pol) : "memory");
 }
-// pull bytes (a multiple of 16, p 16-byte aligned) into L2; nothing to wait for
-static __device__ __forceinline__ void mk_prefetch_l2(const void * p, unsigned bytes) {
-    MK_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
 // wait until the phase of bar with this parity has completed
 static __device__ __forceinline__ void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
     const unsigned b = (unsigned) __cvta_generic_to_shared(bar);

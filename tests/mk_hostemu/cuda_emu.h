@@ -169,17 +169,6 @@ struct emu_mbar {
 inline std::map<const void *, emu_mbar> emu_mbars;
 static inline void mk_mbar_init(unsigned long long * bar) { emu_mbars[bar] = emu_mbar(); }
 static inline void mk_mbar_init_fence() {}
-inline long emu_prefetched;   // bytes prefetched into "L2" (a no-op but for the checks: alignment, size)
-static inline void mk_prefetch_l2(const void * p, unsigned bytes) {
-    if (bytes == 0 || bytes % 16 != 0 || (uintptr_t) p % 16 != 0) {
-        fprintf(stderr, "cuda_emu: cp.async.bulk.prefetch of %u bytes at %p: not 16-byte aligned or empty\n", bytes, p);
-        abort();
-    }
-    volatile char c = *(const volatile char *) p;   // (an address outside the weights would fault here)
-    c = *((const volatile char *) p + bytes - 1);
-    (void) c;
-    emu_prefetched += bytes;
-}
 static inline void mk_bulk_copy(void * dst, const void * src, unsigned bytes, unsigned long long * bar) {
     if (bytes % 16 != 0 || (uintptr_t) dst % 16 != 0 || (uintptr_t) src % 16 != 0) {
         fprintf(stderr, "cuda_emu: cp.async.bulk of %u bytes at %p -> %p: not 16-byte aligned\n", bytes, src, dst);

@@ -118,8 +118,5 @@ int main(int argc, char ** argv) {
     // inputs, and an input within a last-bit difference of a rounding boundary lands on the other step
     // now and then (~1e-6); a wrong lane mapping, block or barrier costs >= 1e-3
     const int fails = check(mm, run, 1e-5, { 4 });
-    if (variant & GGML_MK_VAR_PREFETCH) {
-        printf("prefetched into L2: %ld bytes over the launches\n", emu_prefetched);
-    }
     return fails ? 1 : 0;
 }
