@@ -119,9 +119,6 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 #define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a
                                               // counter per (token, head)), not one block per (token, head) where it fits
-#define GGML_MK_VAR_DOWN_SPLIT2       0x4000  // the down projection's rows in 2 parts, each a unit of its own (the consumer adds
-                                              // the partial sums in order): more units than warps' worth of rows
-#define GGML_MK_VAR_DOWN_SPLIT4       0x8000  // the same in 4 parts
 #define GGML_MK_VAR_CP_ASYNC          0x2000  // weight tiles as 16-byte cp.async per lane (the path of sm_80..89 devices), not
                                               // through the bulk copy engine (one cp.async.bulk per tile on a per-stage
                                               // mbarrier: sm_90+)

@@ -103,7 +103,7 @@ struct mk_args {
     float * k;      // max_kv
     float * v;      // max_kv
     float * att;    // max_q
-    float * h;      // n_embd (MK_SPLIT_MAX such blocks: a split mat-vec's partial sums)
+    float * h;      // n_embd
     float * g;      // max_ff: gelu(gate)*up
     float * pl_in;  // n_pl_all (Gemma 4: per-layer inputs)
     float * pl_g;   // n_embd_pl
@@ -225,20 +225,13 @@ struct mk_xin {
     float       * res_out;
     const float * nw;  // != NULL: the input is rmsnorm(a') * nw
     float       * nw_out;  // != NULL (with nw): block 0 also writes the normed columns there (K wide)
-    int           res_parts;   // > 1: res_h is the sum of this many partial sums, res_pld floats apart, added in
-    int           res_pld;     //   order (a split mat-vec's outputs, mk_job.split)
 };
 
 struct mk_job {
     ggml_mk_weight w;
     float * y;  int ldy;
     float softcap;   // 0 = none
-    int split;       // > 1: every row cut into this many parts of ne0/split values, each a unit of its own whose
-                     // partial sum goes to y + part*pld (the consumer adds them in order); 0 or 1: whole rows
-    int pld;
 };
-
-#define MK_SPLIT_MAX 4
 
 // one mat-vec: up to 3 jobs over the same inputs; pair: jobs[0] = gate and jobs[1] = up with the same
 // rows, one warp computes both rows r and writes gelu(gate)*up to jobs[0].y
@@ -284,8 +277,6 @@ struct mk_jr {
     int             ne0, ne1, type, ldy, nseg;
     int             tb, tg, lb, lg;
     float           softcap;
-    int             split, gofs, pld;   // split rows (mk_job.split): row r' = part r' % split of row r' / split, whose
-                                        //   inputs start at group (r' % split)*gofs; ne1, nb1 and the tiles are the parts'
 };
 
 MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
@@ -298,21 +289,15 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
     r.type    = jb.w.type;
     r.ldy     = jb.ldy;
     r.softcap = jb.softcap;
-    r.split   = jb.split > 1 ? jb.split : 1;
-    r.pld     = jb.pld;
-    const int ne0p = r.ne0/r.split;   // (mk_mv_desc splits only rows of whole 256-value groups: contiguous parts)
-    r.ne1    *= r.split;
-    r.nb1    /= r.split;
-    r.gofs    = ne0p/32;
     const int b256 = jb.w.b256;   // from the plan (ggml_row_size): exact for any multiple of the block size
-    const int nsg   = (ne0p + 255)/256;
-    const int bytes = (int) (((int64_t) ne0p*b256)/256);
+    const int nsg   = (r.ne0 + 255)/256;
+    const int bytes = (int) (((int64_t) r.ne0*b256)/256);
     r.nseg = (bytes + MK_TB - 1)/MK_TB;
     const int sgps = (nsg + r.nseg - 1)/r.nseg;   // 256-value groups per tile
     r.tb   = sgps*b256;
     r.tg   = sgps*8;
     const int v0 = (r.nseg - 1)*sgps*256;   // the last tile's first value
-    r.lg   = (ne0p - v0 + 31)/32;
+    r.lg   = (r.ne0 - v0 + 31)/32;
     r.lb   = bytes - (r.nseg - 1)*r.tb;
     return r;
 }
@@ -390,20 +375,7 @@ static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int 
             mv.pair    = 1;
             mv.norm    = 1;   // ffn_norm
             break;
-        case MK_MV_DOWN:
-            one(L.ffn_down, a.h, md.n_embd, 0.0f);
-            if (mv.n_jobs) {
-                // variants: rows cut into parts (more units than rows: 2560 rows of E4B's down over 2112 warps left 448
-                // warps with two rows); a part is whole blocks and its rows stay contiguous
-                const int S = (md.debug_flags & GGML_MK_VAR_DOWN_SPLIT4) ? 4 : (md.debug_flags & GGML_MK_VAR_DOWN_SPLIT2) ? 2 : 1;
-                const ggml_mk_weight & w = L.ffn_down;
-                const int64_t blck = ggml_blck_size((ggml_type) w.type);
-                if (S > 1 && w.ne0 % (S*blck) == 0 && (w.ne0/S) % 32 == 0 && w.nb1 == ggml_row_size((ggml_type) w.type, w.ne0)) {
-                    mv.jobs[0].split = S;
-                    mv.jobs[0].pld   = MK_M*md.n_embd;   // (mk_args.h holds MK_SPLIT_MAX such blocks)
-                }
-            }
-            break;
+        case MK_MV_DOWN: one(L.ffn_down, a.h, md.n_embd, 0.0f); break;
         case MK_MV_PL_GATE:
             if (md.n_embd_pl > 0) {
                 one(L.pl_gate, a.pl_g, md.n_embd_pl, 0.0f);
@@ -553,7 +525,7 @@ MK_DEVICE void mk_it_next(const mk_mvr & R, mk_it & it) {
 MK_DEVICE const uint8_t * mk_tile(const mk_mvr & R, const mk_it & it, int & nbytes, int & g0, int & ng) {
     const int  tb   = MK_J(R, it.job, tb);
     const bool last = it.seg == MK_J(R, it.job, nseg) - 1;
-    g0     = it.seg*MK_J(R, it.job, tg) + (it.row % MK_J(R, it.job, split))*MK_J(R, it.job, gofs);
+    g0     = it.seg*MK_J(R, it.job, tg);
     ng     = last ? MK_J(R, it.job, lg) : MK_J(R, it.job, tg);
     nbytes = last ? MK_J(R, it.job, lb) : tb;
     return MK_J(R, it.job, data) + (size_t) it.row*MK_J(R, it.job, nb1) + it.seg*tb;
@@ -739,18 +711,6 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
 // shared memory and registers only. Small code on purpose (the columns are a run-time loop): every phase runs
 // it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1: one-token
 // steps, the per-column values in registers; MK_M: any batch); a column's arithmetic is the same in both.
-// the pending residual's 4 values at offset off of column data: res_h there, or the sum of its partial sums in order
-// (one more register set than a plain load: the staging keeps several slots' loads in flight and must not spill)
-MK_DEVICE float4 mk_res4(const mk_xin & x, size_t off) {
-    float4 v = mk_ldcg4((const float4 *) (x.res_h + off));
-#pragma unroll 1
-    for (int s = 1; s < x.res_parts; ++s) {
-        const float4 w = mk_ldcg4((const float4 *) (x.res_h + (size_t) s*x.res_pld + off));
-        v.x = __fadd_rn(v.x, w.x); v.y = __fadd_rn(v.y, w.y); v.z = __fadd_rn(v.z, w.z); v.w = __fadd_rn(v.w, w.w);
-    }
-    return v;
-}
-
 template <int MC>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
@@ -784,7 +744,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             for (int b = 0; b < MK_SB; ++b) {
                 const int i = i0 + b;
                 const int f = t + (i % NJ)*MK_THREADS;
-                v[b] = i < NI && f < F4 ? mk_res4(x, (size_t) (m0 + MK_COL(i))*x.lda + 4*(size_t) f) : z4;
+                v[b] = i < NI && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + MK_COL(i))*x.lda) + f) : z4;
             }
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
@@ -816,7 +776,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const size_t mm = (size_t) (m0 + MK_COL(i));
             va[b] = ok ? mk_ldcg4((const float4 *) (x.a + mm*x.lda) + f) : z4;
             vb[b] = ok && gl  ? mk_ldcg4((const float4 *) (x.b + mm*x.ldb) + f)
-                  : ok && res ? mk_res4(x, mm*x.lda + 4*(size_t) f) : z4;
+                  : ok && res ? mk_ldcg4((const float4 *) (x.res_h + mm*x.lda) + f) : z4;
             vw[b] = ok && res  ? ((const float4 *) x.res_nw)[f] : z4;
             vn[b] = ok && x.nw ? ((const float4 *) x.nw)[f] : z4;
         }
@@ -1077,7 +1037,6 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 mk_it nx = it;
                 mk_it_next(R, nx);
                 const bool try2 = nx.u < R.units && MK_J(R, it.job, nseg) == 1 && MK_J(R, nx.job, nseg) == 1 &&
-                                  MK_J(R, it.job, split) == 1 && MK_J(R, nx.job, split) == 1 &&
                                   MK_J(R, nx.job, type) == type && (!R.pair || it.sub == 0);
                 int nb1 = 0, g1 = 0, ng1 = 0;
                 const uint8_t * src1  = try2 ? mk_tile(R, nx, nb1, g1, ng1) : nullptr;
@@ -1206,14 +1165,12 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             const bool row_done = it.seg == MK_J(R, it.job, nseg) - 1;
             const int  sub  = it.sub;
             const int  oj   = R.pair ? 0 : it.job;   // the job whose output this row is
-            const int  sp   = MK_J(R, oj, split);
-            const int  orow = it.row / sp;   // (a split row's part: its partial sum goes to the part's own y)
-            const int  part = it.row % sp;
+            const int  orow = it.row;
             mk_it_next(R, it);
             if (!row_done) {
                 continue;
             }
-            float * y = MK_J(R, oj, y) + (size_t) part*MK_J(R, oj, pld);
+            float * y = MK_J(R, oj, y);
             const int   ldy = MK_J(R, oj, ldy);
             const float cap = MK_J(R, oj, softcap);
 #pragma unroll
@@ -1783,17 +1740,14 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // the residual step still to apply: x = (x + h*rms(h)*res_nw)*res_scale, done by the next staging
     const float * res_nw = nullptr;
     float res_scale = 1.0f;
-    int   res_parts = 1;   // h holds this many partial sums (a split down projection's)
     auto xin_res = [&](const float * nw, float * nw_out = nullptr) {
-        mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, res_nw ? a.h : nullptr, res_nw, res_scale, xn, nw, nw_out,
-                      res_parts, MK_M*n };
+        mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, res_nw ? a.h : nullptr, res_nw, res_scale, xn, nw, nw_out };
         return xi;
     };
     auto res_applied = [&]() {
         if (res_nw) {
             float * t = xc; xc = xn; xn = t;
             res_nw = nullptr;
-            res_parts = 1;
         }
     };
 
@@ -1833,7 +1787,6 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         mk_grid_sync(a, MK_PH_FFN);
 
         run(plain(a.g, md.max_ff));
-        res_parts = s_mv[0].j[0].split;   // (the down projection's descriptor is still the block's)
         res_nw = L.ffn_post_norm;
         res_scale = ple ? 1.0f : L.out_scale;
 

@@ -349,7 +349,7 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     const int n_chunk = (model->n_ctx + model->att_chunk - 1)/model->att_chunk + 1;
     const size_t widths[] = {
         (size_t) model->n_embd, (size_t) model->n_embd, (size_t) model->max_q, (size_t) model->max_kv,
-        (size_t) model->max_kv, (size_t) model->max_q, (size_t) MK_SPLIT_MAX*model->n_embd, (size_t) model->max_ff,
+        (size_t) model->max_kv, (size_t) model->max_q, (size_t) model->n_embd, (size_t) model->max_ff,
         (size_t) std::max(mk->n_pl_all, 1), (size_t) std::max(model->n_embd_pl, 1), (size_t) model->n_vocab,
         (size_t) max_head*n_chunk*(4 + model->max_head_dim), (size_t) model->n_embd,
     };

@@ -66,7 +66,7 @@ int main(int argc, char ** argv) {
     std::vector<float> s_part((size_t) MK_M*n_head*n_chunk*(4 + M_.max_head_dim));
     std::vector<unsigned> s_cnt(MK_M*n_head, 0u);
     std::vector<float> s_x(MK_M*n_embd), s_x1(MK_M*n_embd), s_q(MK_M*M_.max_q), s_k(MK_M*M_.max_kv), s_v(MK_M*M_.max_kv), s_att(MK_M*M_.max_q),
-        s_h(MK_SPLIT_MAX*MK_M*n_embd), s_g(MK_M*n_ff), s_pl(MK_M*n_pl*n_layer), s_plg(MK_M*n_pl), s_lo(MK_M*n_vocab), s_hid(MK_M*n_embd);
+        s_h(MK_M*n_embd), s_g(MK_M*n_ff), s_pl(MK_M*n_pl*n_layer), s_plg(MK_M*n_pl), s_lo(MK_M*n_vocab), s_hid(MK_M*n_embd);
     unsigned bar[2] = {0, 0};
     int launches = 0;
     std::vector<float> mask0, mask1;
@@ -92,15 +92,6 @@ int main(int argc, char ** argv) {
         a.bar = bar + launches % 2; a.bar_next = bar + (launches + 1) % 2; ++launches; a.n_pl_all = n_pl*n_layer;
         std::vector<mk_mvr> mvt(mk_mv_count(n_layer));
         mk_mv_table(M_, a, mvt.data());
-        static bool told;
-        if (!told) {
-            told = true;
-            int n_split = 0;
-            for (const mk_mvr & r : mvt) {
-                n_split += r.j[0].split > 1;
-            }
-            printf("mat-vecs with rows in parts (GGML_MK_VAR_DOWN_SPLIT*): %d\n", n_split);
-        }
         a.mvt = mvt.data();
         const mk_smem L = mk_smem_plan(mvt.data(), (int) mvt.size(), M, smem, ns_max, mk_att_bytes(M_));
         if (L.ns == 0) {
