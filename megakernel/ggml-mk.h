@@ -123,6 +123,24 @@ struct ggml_mk_model {
                                               // through the bulk copy engine (one cp.async.bulk per tile on a per-stage
                                               // mbarrier: sm_90+)
 
+// ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
+//
+// One draft step, as the pinned src/models/gemma4-assistant.cpp computes it for one token t at position pos with the
+// target's hidden row h (n_embd_bb floats: the target's rmsnorm(x)*output_norm, ggml_mk_step.h_out):
+//   x      = tok_embd_bb[t]*embd_scale                       (the TARGET's token embeddings, embd_scale = sqrt(n_embd_bb))
+//   cur    = pre*concat(x, h)                                 (nextn_proj_pre: 2*n_embd_bb -> n_embd)
+//   per layer: q = rope(rmsnorm(wq*rmsnorm(cur)*attn_norm per head)*q_norm), attention of q into the target's K/V
+//          cache of layer kv_layer (no K/V of its own, kq_scale), a = rmsnorm(wo*att)*attn_post_norm + cur,
+//          cur = (rmsnorm(down*(gelu(gate*f)*(up*f)))*ffn_post_norm + a)*out_scale with f = rmsnorm(a)*ffn_norm
+//   n      = rmsnorm(cur)*output_norm
+//   logits = output*n (the assistant's own token embeddings, tied; no softcap), draft = argmax (first index of the max)
+//   h_next = post*n                                          (nextn_proj_post: n_embd -> n_embd_bb)
+// Step j+1 takes step j's draft as t and its h_next as h, at the SAME position (llama.cpp's draft-mtp drafts every token
+// of a shared-KV assistant at pos0, common/speculative.cpp) and with the same KV cells and masks.
+#define GGML_MK_DRAFT_VERSION    1
+#define GGML_MK_DRAFT_MAX_K      8    // draft steps per launch
+#define GGML_MK_DRAFT_MAX_LAYERS 8
+
 #ifndef __METAL_VERSION__
 // where one layer's K/V cache lives for this step (element (cell c, kv head h, dim d))
 struct ggml_mk_kv_view {
@@ -166,6 +184,84 @@ typedef void * (*ggml_backend_mk_create_t)(const struct ggml_mk_model * model, c
 // step->h_out; 0 = success
 typedef int    (*ggml_backend_mk_eval_t)(void * mk, const struct ggml_mk_step * step, float * logits);
 typedef void   (*ggml_backend_mk_free_t)(void * mk);
+
+struct ggml_mk_draft_layer {
+    int32_t n_head;
+    int32_t n_head_kv;    // of the target cache it reads (llama.cpp views it with the assistant's hparams: they agree)
+    int32_t head_dim;
+    int32_t n_rot;
+    int32_t n_ff;
+    int32_t is_swa;       // 1: reads the sliding-window cache (slot 1 of the step's masks), with its mask
+    int32_t kv_layer;     // the target layer whose K/V cache it reads: llama.cpp's share map (src/llama-model.cpp,
+                          // LLM_ARCH_GEMMA4_ASSISTANT) gives n_layer_target - 2 to sliding-window layers and
+                          // n_layer_target - 1 to global ones, resolved through the target cache's own layer map
+                          // (a shared-KV target layer reads its source layer's tensors)
+    int32_t pad0;
+    float   rope_base;
+    float   rope_scale;   // ggml's freq_scale
+    float   out_scale;    // layer_output_scale
+    float   pad1;
+    const float * rope_freqs;   // NULL or n_rot/2 frequency factors (global layers)
+
+    struct ggml_mk_weight wq, wo;
+    struct ggml_mk_weight ffn_gate, ffn_up, ffn_down;
+
+    const float * attn_norm;
+    const float * q_norm;
+    const float * attn_post_norm;
+    const float * ffn_norm;
+    const float * ffn_post_norm;
+};
+
+struct ggml_mk_draft {
+    int32_t version;        // GGML_MK_DRAFT_VERSION
+    int32_t device;         // backend device index
+    int32_t n_layer;        // assistant layers (n_layer_nextn)
+    int32_t n_embd;         // assistant hidden size
+    int32_t n_embd_bb;      // the target's hidden size (the width of h, of x and of h_next)
+    int32_t n_vocab;
+    int32_t max_q;          // max n_head*head_dim over layers
+    int32_t max_ff;
+    int32_t tok_embd_host;  // 1: tok_embd.data is host memory (llama.cpp keeps token embeddings in the input layer's
+                            // buffer): a backend makes it readable by the kernel (copy or mapping) when it is created
+    int32_t debug_flags;
+    int32_t k_max;          // the most draft steps a launch asks for (1..GGML_MK_DRAFT_MAX_K): a backend sizes its buffers
+    int32_t pad0;
+    float   norm_eps;
+    float   embd_scale;     // sqrt(n_embd_bb)
+    float   kq_scale;       // scale of Q.K (Gemma 4: 1, folded into the norms)
+    float   attn_factor;    // rope mscale (ggml attn_factor)
+
+    struct ggml_mk_weight tok_embd;   // the TARGET's token embeddings [n_embd_bb, n_vocab]: one row per step
+    struct ggml_mk_weight pre;        // nextn_proj_pre  [2*n_embd_bb -> n_embd]
+    struct ggml_mk_weight post;       // nextn_proj_post [n_embd -> n_embd_bb]
+    struct ggml_mk_weight output;     // LM head [n_embd -> n_vocab] (the assistant's token_embd, tied)
+    const float * output_norm;
+
+    struct ggml_mk_draft_layer layers[GGML_MK_DRAFT_MAX_LAYERS];
+};
+
+// one launch: k draft steps from (token, h) at position pos
+struct ggml_mk_draft_step {
+    int32_t k;                                      // 1..GGML_MK_DRAFT_MAX_K
+    int32_t token;                                  // the last sampled token (not in the cache yet)
+    int32_t pos;                                    // its position (every step's)
+    int32_t n_kv[GGML_MK_N_CACHES];                 // cells to look at in each cache
+    const float * h;                                // host: [n_embd_bb] the target's hidden row of the token before
+    const float * mask[GGML_MK_N_CACHES];           // host: [n_kv] llama.cpp's mask row of the query (0 / -INF)
+    struct ggml_mk_kv_view kv[GGML_MK_DRAFT_MAX_LAYERS]; // each assistant layer's view of its target cache (kv_layer)
+
+    // outputs (host): k draft tokens; optional (NULL = not wanted) the k rows of logits and of h_next
+    int32_t * tokens_out;
+    float   * logits_out;                           // [k][n_vocab]
+    float   * h_out;                                // [k][n_embd_bb]
+};
+
+// the three entry points a backend with a fused draft exports next to the megakernel's (get_proc_address names
+// "ggml_backend_mk_draft_create", "ggml_backend_mk_draft_eval", "ggml_backend_mk_draft_free"); eval returns 0 = success
+typedef void * (*ggml_backend_mk_draft_create_t)(const struct ggml_mk_draft * draft, char * err, size_t err_size);
+typedef int    (*ggml_backend_mk_draft_eval_t)(void * mkd, const struct ggml_mk_draft_step * step);
+typedef void   (*ggml_backend_mk_draft_free_t)(void * mkd);
 
 #ifdef __cplusplus
 }

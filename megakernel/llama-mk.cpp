@@ -134,6 +134,7 @@ static bool llama_mk_is_extra_buft(ggml_backend_dev_t dev, ggml_backend_buffer_t
 struct llama_mk_builder {
     std::string         why;     // first reason the plan cannot be made
     ggml_backend_dev_t  dev = nullptr;
+    bool                host_ok = false;   // host memory is fine (a plan read on the CPU, by a reference)
 
     bool on_dev(const ggml_tensor * t, const char * what) {
         if (!why.empty()) {
@@ -141,6 +142,9 @@ struct llama_mk_builder {
         }
         ggml_backend_dev_t d = llama_mk_tensor_dev(t);
         if (!d) {
+            if (host_ok) {
+                return true;
+            }
             why = std::string(what) + " (" + t->name + ") is in host memory (CPU backend or partial offload)";
             return false;
         }
@@ -515,6 +519,25 @@ static void llama_mk_get_row(llama_mk * mk, const ggml_tensor * t, int64_t r, fl
     }
 }
 
+// where a layer's K/V rows live, from llama.cpp's views of its cache (llama_kv_cache::get_k/get_v)
+static ggml_mk_kv_view llama_mk_kv_view_of(const ggml_tensor * k, const ggml_tensor * v) {
+    ggml_mk_kv_view kv = {};
+    kv.k    = k->data;
+    kv.k_sh = (int64_t) k->nb[1];
+    kv.k_sc = (int64_t) k->nb[2];
+    kv.v    = v->data;
+    if (v->nb[1] <= v->nb[2]) { // [head_dim, n_head_kv, n_kv] (llama_kv_cache::get_v: only transposed V has nb[1] > nb[2])
+        kv.v_sd = (int64_t) v->nb[0];
+        kv.v_sh = (int64_t) v->nb[1];
+        kv.v_sc = (int64_t) v->nb[2];
+    } else { // transposed V: [n_kv, n_head_kv, head_dim]
+        kv.v_sc = (int64_t) v->nb[0];
+        kv.v_sh = (int64_t) v->nb[1];
+        kv.v_sd = (int64_t) v->nb[2];
+    }
+    return kv;
+}
+
 bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out,
                      float * h_out, bool h_masked) {
     const ggml_mk_model & p = mk->plan;
@@ -576,21 +599,7 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
             kv_size[c]    = (int64_t) (k->nb[3] / k->nb[2]);
             n_view[c]     = k->ne[3];
         }
-        ggml_tensor * v = kc[c]->get_v(mk->ctx_views, il);
-        ggml_mk_kv_view & kv = st.kv[il];
-        kv.k    = k->data;
-        kv.k_sh = (int64_t) k->nb[1];
-        kv.k_sc = (int64_t) k->nb[2];
-        kv.v    = v->data;
-        if (v->nb[1] <= v->nb[2]) { // [head_dim, n_head_kv, n_kv] (llama_kv_cache::get_v: only transposed V has nb[1] > nb[2])
-            kv.v_sd = (int64_t) v->nb[0];
-            kv.v_sh = (int64_t) v->nb[1];
-            kv.v_sc = (int64_t) v->nb[2];
-        } else { // transposed V: [n_kv, n_head_kv, head_dim]
-            kv.v_sc = (int64_t) v->nb[0];
-            kv.v_sh = (int64_t) v->nb[1];
-            kv.v_sd = (int64_t) v->nb[2];
-        }
+        st.kv[il] = llama_mk_kv_view_of(k, kc[c]->get_v(mk->ctx_views, il));
     }
 
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
@@ -680,5 +689,254 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         mk->prof_us[3] += t3 - t0;
         mk->prof_steps++;
     }
+    return true;
+}
+
+// ---- the fused MTP draft ----------------------------------------------------------------------
+
+struct llama_mk_draft {
+    const llama_model     * model     = nullptr;   // the assistant
+    const llama_model     * model_tgt = nullptr;
+    llama_context         * ctx_tgt   = nullptr;
+    ggml_mk_draft           plan      = {};
+
+    // host staging: the query's mask row in each cache, views of the target's caches
+    ggml_context          * ctx_host  = nullptr;
+    ggml_backend_buffer_t   buf_host  = nullptr;
+    ggml_tensor           * t_mask[GGML_MK_N_CACHES] = {nullptr, nullptr};
+    ggml_context          * ctx_views = nullptr;
+
+    ~llama_mk_draft() {
+        if (buf_host) {
+            ggml_backend_buffer_free(buf_host);
+        }
+        if (ctx_host) {
+            ggml_free(ctx_host);
+        }
+        if (ctx_views) {
+            ggml_free(ctx_views);
+        }
+    }
+};
+
+void llama_mk_draft_deleter::operator()(llama_mk_draft * d) const {
+    delete d;
+}
+
+const ggml_mk_draft * llama_mk_draft_plan(const llama_mk_draft * d) {
+    return &d->plan;
+}
+
+llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cparams & cparams, std::string & why,
+                                       bool host_ok, int32_t k_max) {
+    auto fail = [&](const std::string & w) {
+        why = w;
+        return llama_mk_draft_ptr();
+    };
+    if (model.arch != LLM_ARCH_GEMMA4_ASSISTANT) {
+        return fail(std::string("the draft model's architecture is ") + llm_arch_name(model.arch) + ", not gemma4-assistant");
+    }
+    if (!cparams.ctx_other) {
+        return fail("the assistant's context has no target context (ctx_other)");
+    }
+    const auto & hp = model.hparams;
+    const llama_model & tgt = *llama_get_model(cparams.ctx_other);
+    const auto & hpt = tgt.hparams;
+    if (tgt.arch != LLM_ARCH_GEMMA4) {
+        return fail(std::string("the target's architecture is ") + llm_arch_name(tgt.arch) + ", not gemma4");
+    }
+    const int32_t n_layer = (int32_t) hp.n_layer_nextn;
+    if (n_layer <= 0 || n_layer > GGML_MK_DRAFT_MAX_LAYERS) {
+        return fail("the assistant has " + std::to_string(n_layer) + " layers (1.." + std::to_string(GGML_MK_DRAFT_MAX_LAYERS) + ")");
+    }
+    if (k_max < 1 || k_max > GGML_MK_DRAFT_MAX_K) {
+        return fail("k_max = " + std::to_string(k_max) + " (1.." + std::to_string(GGML_MK_DRAFT_MAX_K) + ")");
+    }
+    if (cparams.yarn_ext_factor != 0.0f || hp.rope_type != LLAMA_ROPE_TYPE_NEOX) {
+        return fail("rope is not plain NEOX (YaRN extrapolation or another rope type)");
+    }
+    const int32_t n_embd_bb = (int32_t) hp.n_embd_inp();
+    if (n_embd_bb != (int32_t) hpt.n_embd) {
+        return fail("the assistant reads hidden rows of " + std::to_string(n_embd_bb) + " values, the target's are " +
+                    std::to_string(hpt.n_embd));
+    }
+    if (hp.n_embd % 32 != 0 || n_embd_bb % 32 != 0) {
+        return fail("n_embd of the assistant or the target is not a multiple of 32");
+    }
+
+    auto d = llama_mk_draft_ptr(new llama_mk_draft());
+    d->model     = &model;
+    d->model_tgt = &tgt;
+    d->ctx_tgt   = cparams.ctx_other;
+    ggml_mk_draft & p = d->plan;
+    llama_mk_builder b;
+    b.host_ok = host_ok;
+
+    p.version     = GGML_MK_DRAFT_VERSION;
+    p.n_layer     = n_layer;
+    p.n_embd      = (int32_t) hp.n_embd;
+    p.n_embd_bb   = n_embd_bb;
+    p.k_max       = k_max;
+    p.norm_eps    = hp.f_norm_rms_eps;
+    p.embd_scale  = sqrtf((float) n_embd_bb);
+    p.kq_scale    = hp.f_attention_scale;
+    p.attn_factor = cparams.yarn_attn_factor;
+
+    // the target's token embeddings: llama.cpp keeps them in the input layer's buffer (host memory) even when every
+    // layer is offloaded; the backend makes them readable by the kernel
+    {
+        const ggml_tensor * te = tgt.tok_embd;
+        llama_mk_builder bt;
+        bt.host_ok = true;
+        p.tok_embd      = bt.weight(te, "the target's token_embd");
+        p.tok_embd_host = llama_mk_tensor_dev(te) == nullptr ? 1 : 0;
+        if (!bt.why.empty()) {
+            return fail(bt.why);
+        }
+    }
+    p.pre         = b.weight(model.nextn_proj_pre,  "nextn.pre_projection");
+    p.post        = b.weight(model.nextn_proj_post, "nextn.post_projection");
+    p.output      = b.weight(model.output,          "output (token_embd, tied)");
+    p.output_norm = b.vec(model.output_norm, "output_norm", hp.n_embd);
+    p.n_vocab     = p.output.ne1;
+    if (b.why.empty() && (p.pre.ne0 != 2*n_embd_bb || p.pre.ne1 != p.n_embd || p.post.ne0 != p.n_embd || p.post.ne1 != n_embd_bb ||
+                          p.tok_embd.ne0 != n_embd_bb || p.tok_embd.ne1 < p.n_vocab)) {
+        b.why = "the projections or token embeddings do not have the shapes of a gemma4 assistant";
+    }
+
+    // llama.cpp's share map for this architecture (src/llama-model.cpp, create_memory): a sliding-window layer reads
+    // the target layer n_layer - 2, a global layer n_layer - 1 (llama_kv_cache resolves them through the target
+    // cache's own layer map, so a target layer that reuses another's KV hands over its source's tensors)
+    const int32_t n_layer_tgt = (int32_t) hpt.n_layer();
+    for (int il = 0; il < n_layer && b.why.empty(); ++il) {
+        const auto & l = model.layers[il];
+        ggml_mk_draft_layer & L = p.layers[il];
+        const std::string at = " of assistant layer " + std::to_string(il);
+
+        L.n_head    = (int32_t) hp.n_head(il);
+        L.n_head_kv = (int32_t) hp.n_head_kv(il);
+        L.head_dim  = (int32_t) hp.n_embd_head_k(il);
+        L.n_rot     = (int32_t) hp.n_rot(il);
+        L.n_ff      = (int32_t) hp.n_ff(il);
+        L.is_swa    = hp.is_swa(il) ? 1 : 0;
+        L.kv_layer  = n_layer_tgt - (L.is_swa ? 2 : 1);
+        L.rope_base = model.get_rope_freq_base(cparams, il);
+        L.rope_scale= model.get_rope_freq_scale(cparams, il);
+        L.out_scale = 1.0f;
+
+        if (L.kv_layer < 0 || hpt.is_swa(L.kv_layer) != hp.is_swa(il) || hpt.n_embd_head_k(L.kv_layer) != (uint32_t) L.head_dim ||
+            hpt.n_head_kv(L.kv_layer) != (uint32_t) L.n_head_kv) {
+            b.why = "assistant layer " + std::to_string(il) + " does not match the target layer " + std::to_string(L.kv_layer) +
+                    " whose cache it reads (window kind, head size or KV heads)";
+            break;
+        }
+        if (L.head_dim > GGML_MK_MAX_HEAD_DIM || L.head_dim % 32 != 0 || L.n_rot > L.head_dim || L.n_rot % 2 != 0 ||
+            L.n_head_kv <= 0 || L.n_head % L.n_head_kv != 0 || hp.n_embd_head_v(il) != (uint32_t) L.head_dim) {
+            b.why = "assistant layer " + std::to_string(il) + " has a head layout the fused draft does not handle";
+            break;
+        }
+        if (l.wq_s || l.wo_s || l.ffn_gate_s || l.ffn_up_s || l.ffn_down_s) {
+            b.why = "assistant layer " + std::to_string(il) + " has weight scales";
+            break;
+        }
+
+        L.attn_norm      = b.vec(l.attn_norm,      ("attn_norm" + at).c_str(), hp.n_embd);
+        L.q_norm         = b.vec(l.attn_q_norm,    ("attn_q_norm" + at).c_str(), L.head_dim);
+        L.attn_post_norm = b.vec(l.attn_post_norm, ("post_attention_norm" + at).c_str(), hp.n_embd);
+        L.ffn_norm       = b.vec(l.ffn_norm,       ("ffn_norm" + at).c_str(), hp.n_embd);
+        L.ffn_post_norm  = b.vec(l.ffn_post_norm,  ("post_ffw_norm" + at).c_str(), hp.n_embd);
+        L.wq       = b.weight(l.wq,       ("attn_q" + at).c_str());
+        L.wo       = b.weight(l.wo,       ("attn_output" + at).c_str());
+        L.ffn_gate = b.weight(l.ffn_gate, ("ffn_gate" + at).c_str());
+        L.ffn_up   = b.weight(l.ffn_up,   ("ffn_up" + at).c_str());
+        L.ffn_down = b.weight(l.ffn_down, ("ffn_down" + at).c_str());
+        if (!L.is_swa) {
+            L.rope_freqs = b.vec(l.rope_freqs, ("rope_freqs" + at).c_str(), L.n_rot/2, true);
+        }
+        if (l.out_scale) {
+            if (l.out_scale->type != GGML_TYPE_F32 || ggml_nelements(l.out_scale) != 1) {
+                b.why = "layer_output_scale" + at + " is not one F32 value";
+                break;
+            }
+            ggml_backend_tensor_get(l.out_scale, &L.out_scale, 0, sizeof(float));
+        }
+        p.max_q  = std::max(p.max_q,  L.n_head*L.head_dim);
+        p.max_ff = std::max(p.max_ff, L.n_ff);
+    }
+    if (!b.why.empty()) {
+        return fail(b.why);
+    }
+    if (!host_ok && (!b.dev || ggml_backend_dev_type(b.dev) != GGML_BACKEND_DEVICE_TYPE_GPU)) {
+        return fail("the assistant's weights are not on a GPU");
+    }
+    if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
+        p.debug_flags = atoi(dbg); // planted bugs, tests only
+    }
+    return d;
+}
+
+bool llama_mk_draft_inputs(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t seq, int32_t pos, ggml_mk_draft_step & st) {
+    const ggml_mk_draft & p = d->plan;
+    auto * iswa_tgt = dynamic_cast<llama_kv_cache_iswa *>(llama_get_memory(d->ctx_tgt));
+    auto * iswa_dft = dynamic_cast<llama_kv_cache_iswa *>(mem_dft);
+    if (!iswa_tgt || !iswa_dft) {
+        LLAMA_LOG_ERROR("llama_mk_draft: the target's or the assistant's memory is not a sliding-window KV cache pair\n");
+        return false;
+    }
+    const llama_kv_cache * kv_tgt[GGML_MK_N_CACHES] = { iswa_tgt->get_base(), iswa_tgt->get_swa() };
+    const llama_kv_cache * kv_dft[GGML_MK_N_CACHES] = { iswa_dft->get_base(), iswa_dft->get_swa() };
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        if (kv_tgt[c]->type_k() != GGML_TYPE_F16 || kv_tgt[c]->type_v() != GGML_TYPE_F16 || kv_dft[c]->get_size() != kv_tgt[c]->get_size()) {
+            LLAMA_LOG_ERROR("llama_mk_draft: cache %d is not F16 or its cells are not the target's\n", c);
+            return false;
+        }
+    }
+    if (!d->ctx_host) {
+        ggml_init_params ip = { 4*ggml_tensor_overhead(), nullptr, true };
+        d->ctx_host = ggml_init(ip);
+        for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+            d->t_mask[c] = ggml_new_tensor_4d(d->ctx_host, GGML_TYPE_F32, kv_dft[c]->get_size(), 1, 1, 1);
+        }
+        d->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(d->ctx_host, ggml_backend_cpu_buffer_type());
+        ggml_init_params iv = { (size_t) 4*GGML_MK_DRAFT_MAX_LAYERS*ggml_tensor_overhead(), nullptr, true };
+        d->ctx_views = ggml_init(iv);
+    }
+    if (!d->buf_host) {
+        LLAMA_LOG_ERROR("llama_mk_draft: cannot allocate the host staging tensors\n");
+        return false;
+    }
+
+    // the query's mask rows: llama.cpp's own, from the assistant's caches (their cells are the target's; the window
+    // is the assistant's), over every cell of the sequence's stream
+    llama_token  tok    = 0;
+    llama_pos    qpos   = pos;
+    int32_t      n_sid  = 1;
+    llama_seq_id sid    = seq;
+    llama_seq_id * sids = &sid;
+    int32_t      sidx[LLAMA_MAX_SEQ] = {};
+    int8_t       out    = 1;
+    llama_ubatch ub = {};
+    ub.n_tokens = ub.n_seq_tokens = ub.n_seqs = ub.n_seqs_unq = ub.n_pos = 1;
+    ub.token = &tok; ub.pos = &qpos; ub.n_seq_id = &n_sid; ub.seq_id = &sids; ub.seq_id_unq = &sid; ub.seq_idx = sidx;
+    ub.output = &out;
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        kv_dft[c]->set_input_kq_mask(d->t_mask[c], &ub, true);
+        st.mask[c] = (const float *) d->t_mask[c]->data;
+        st.n_kv[c] = (int32_t) kv_dft[c]->get_size();
+    }
+
+    // each assistant layer's view of its target layer's cache, in the sequence's stream
+    ggml_reset(d->ctx_views);
+    for (int il = 0; il < p.n_layer; ++il) {
+        const ggml_mk_draft_layer & L = p.layers[il];
+        const llama_kv_cache * kv = kv_tgt[L.is_swa ? 1 : 0];
+        llama_kv_cache::slot_info si;
+        si.s0 = si.s1 = kv->get_stream(seq);
+        si.strm = { (llama_seq_id) si.s0 };
+        si.idxs = { { 0 } };
+        st.kv[il] = llama_mk_kv_view_of(kv->get_k(d->ctx_views, L.kv_layer, kv->get_size(), si),
+                                        kv->get_v(d->ctx_views, L.kv_layer, kv->get_size(), si));
+    }
+    st.pos = pos;
     return true;
 }

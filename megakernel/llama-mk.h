@@ -1,13 +1,17 @@
 // llama-mk.h: llama.cpp side of the Gemma decode megakernel (stq-metal); see megakernel/README.md
 #pragma once
 
+#include "ggml-mk.h"
+
 #include <cstdint>
 #include <memory>
+#include <string>
 
 struct llama_model;
 struct llama_cparams;
 struct llama_ubatch;
 class  llama_memory_context_i;
+struct llama_memory_i;
 
 struct llama_mk;
 
@@ -31,3 +35,26 @@ bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_c
 // n_embd floats per row), of every token of the ubatch or, h_masked, of its output tokens (ubatch.output order)
 bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out,
                      float * h_out = nullptr, bool h_masked = false);
+
+// ---- the fused MTP draft (ggml-mk.h: ggml_mk_draft) ----
+
+struct llama_mk_draft;
+
+struct llama_mk_draft_deleter {
+    void operator()(llama_mk_draft * d) const;
+};
+
+using llama_mk_draft_ptr = std::unique_ptr<llama_mk_draft, llama_mk_draft_deleter>;
+
+// the fused-draft plan of a gemma4-assistant model (model, cparams: the assistant's context, whose ctx_other is the
+// target's), or nullptr with why set. host_ok: weights in host memory are fine (a CPU reference reads the plan; no
+// backend is asked for a kernel). k_max: the most draft steps a launch will ask for
+llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cparams & cparams, std::string & why,
+                                       bool host_ok = false, int32_t k_max = GGML_MK_DRAFT_MAX_K);
+
+const ggml_mk_draft * llama_mk_draft_plan(const llama_mk_draft * d);
+
+// the cache inputs of a draft launch for sequence seq at position pos: each assistant layer's view of its target
+// layer's K/V (from the target's memory) and llama.cpp's mask rows of the query (from mem_dft, the assistant's memory,
+// whose caches share the target's cells); the caller sets k, token, h and the outputs. false = error (logged)
+bool llama_mk_draft_inputs(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t seq, int32_t pos, ggml_mk_draft_step & st);
