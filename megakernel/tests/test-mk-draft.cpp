@@ -1,0 +1,277 @@
+// test-mk-draft: the fused MTP draft's plan and its float64 reference against llama.cpp's own gemma4-assistant graph.
+//
+//   test-mk-draft -m TARGET.gguf -md ASSISTANT.gguf [-p PROMPT] [-n STATES] [-k K] [-c N_CTX] [--fa 0|1]
+//                 [--max-nmse X] [--max-nmse-h Y] [--max-margin M]
+//
+// On the CPU (every weight and cache in host memory), for STATES live decode states of the target (greedy decoding
+// after the prompt, one token per state, so the states walk across the sliding window):
+//  1. llama.cpp drafts k tokens exactly as common/speculative.cpp's draft-mtp does for a shared-KV assistant: k
+//     one-token batches of the assistant's context at the same position pos0, the first with the last sampled token and
+//     the target's hidden row of the token before, each next one with the previous draft (argmax of its logits) and its
+//     h_nextn row;
+//  2. the plan llama-mk.cpp derives (llama_mk_draft_init, host memory allowed) and the inputs it hands a backend
+//     (llama_mk_draft_inputs: each assistant layer's view of its target cache, llama.cpp's mask rows) feed the float64
+//     reference (tests/mk_hostemu/mk_draft_ref.h) for the same k chained steps.
+// Checks (exit 1 when one fails):
+//  - the cache each assistant layer reads: the plan's view == the assistant cache's own view of that layer (llama.cpp's
+//    share map, resolved through the target's layer map), K and V;
+//  - draft tokens: identical step by step until a state's first divergence; a divergence passes only when the
+//    reference's own top-2 logit margin there is below --max-margin (a near tie that rounding may flip);
+//  - while the tokens agree, the logits and h_next of every step: NMSE vs the reference <= --max-nmse (logits: the CPU
+//    rounds the LM head's inputs to 8 bits for its Q8_0 rows, ~4e-5) and --max-nmse-h (h_next: F16/F32 rows, ~1e-6).
+#include "llama.h"
+#include "llama-ext.h"
+#include "llama-context.h"
+#include "llama-kv-cache.h"
+#include "llama-kv-cache-iswa.h"
+
+#include "llama-mk.h"
+#include "mk_draft_ref.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+static int argmax_f(const float * x, int n) {
+    int a = 0;
+    for (int i = 1; i < n; ++i) {
+        a = x[i] > x[a] ? i : a;
+    }
+    return a;
+}
+
+static double margin_f(const float * x, int n) {
+    const int a = argmax_f(x, n);
+    double second = -INFINITY;
+    for (int i = 0; i < n; ++i) {
+        second = i != a ? std::max(second, (double) x[i]) : second;
+    }
+    return x[a] - second;
+}
+
+static double nmse_fd(const float * x, const std::vector<double> & r) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+        num += (x[i] - r[i])*(x[i] - r[i]);
+        den += r[i]*r[i];
+    }
+    const double v = num/std::max(den, 1e-30);
+    return std::isfinite(v) ? v : INFINITY;
+}
+
+static void die(const char * what) {
+    fprintf(stderr, "test-mk-draft: %s\n", what);
+    exit(2);
+}
+
+int main(int argc, char ** argv) {
+    std::string path_tgt, path_dft;
+    std::string prompt = "The quick brown fox jumps over the lazy dog. Once upon a time";
+    int n_states = 40, k = 4, n_ctx = 512, fa = 0;
+    double max_nmse = 1e-3, max_nmse_h = 1e-5, max_margin = 1e-2;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&]() -> const char * {
+            if (i + 1 >= argc) {
+                die(("missing value for " + a).c_str());
+            }
+            return argv[++i];
+        };
+        if      (a == "-m")           path_tgt = next();
+        else if (a == "-md")          path_dft = next();
+        else if (a == "-p")           prompt = next();
+        else if (a == "-n")           n_states = atoi(next());
+        else if (a == "-k")           k = atoi(next());
+        else if (a == "-c")           n_ctx = atoi(next());
+        else if (a == "--fa")         fa = atoi(next());
+        else if (a == "--max-nmse")   max_nmse = atof(next());
+        else if (a == "--max-nmse-h") max_nmse_h = atof(next());
+        else if (a == "--max-margin") max_margin = atof(next());
+        else die(("unknown argument " + a).c_str());
+    }
+    if (path_tgt.empty() || path_dft.empty() || k < 1 || k > GGML_MK_DRAFT_MAX_K) {
+        die("usage: test-mk-draft -m TARGET.gguf -md ASSISTANT.gguf [-n STATES] [-k 1..8] [-c N_CTX] [--fa 0|1]");
+    }
+    setenv("LLAMA_MEGAKERNEL", "0", 1);   // llama.cpp's graphs on both sides
+
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers    = 0;
+    mp.use_extra_bufts = false;   // weights in their GGUF layout (the plan reads them in place)
+    llama_model * m_tgt = llama_model_load_from_file(path_tgt.c_str(), mp);
+    llama_model * m_dft = llama_model_load_from_file(path_dft.c_str(), mp);
+    if (!m_tgt || !m_dft) {
+        die("cannot load the models");
+    }
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = n_ctx;
+    cp.n_batch         = 512;
+    cp.n_ubatch        = 512;
+    cp.n_seq_max       = 1;
+    cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context * ctx_tgt = llama_init_from_model(m_tgt, cp);
+    llama_context_params cpd = cp;
+    cpd.ctx_type  = LLAMA_CONTEXT_TYPE_MTP;
+    cpd.ctx_other = ctx_tgt;
+    llama_context * ctx_dft = ctx_tgt ? llama_init_from_model(m_dft, cpd) : nullptr;
+    if (!ctx_tgt || !ctx_dft) {
+        die("cannot create the contexts");
+    }
+    llama_set_embeddings_nextn(ctx_tgt, true, false);   // as draft-mtp sets them (common/speculative.cpp)
+    llama_set_embeddings_nextn(ctx_dft, true, true);
+
+    std::string why;
+    llama_mk_draft_ptr d = llama_mk_draft_init(*m_dft, ctx_dft->get_cparams(), why, /*host_ok*/ true, k);
+    if (!d) {
+        fprintf(stdout, "test-mk-draft: no draft plan: %s\ntest-mk-draft: FAILED\n", why.c_str());
+        return 1;
+    }
+    const ggml_mk_draft & p = *llama_mk_draft_plan(d.get());
+    printf("draft plan: %d layers, n_embd %d, target n_embd %d, n_vocab %d; the target's token_embd %s (%s)\n", p.n_layer,
+           p.n_embd, p.n_embd_bb, p.n_vocab, ggml_type_name((ggml_type) p.tok_embd.type), p.tok_embd_host ? "host memory" : "device");
+    for (int il = 0; il < p.n_layer; ++il) {
+        const ggml_mk_draft_layer & L = p.layers[il];
+        printf("  layer %d: %s, %d heads x %d (KV heads %d), n_ff %d, reads the cache of target layer %d; wq %s, ffn_down %s\n",
+               il, L.is_swa ? "sliding window" : "global", L.n_head, L.head_dim, L.n_head_kv, L.n_ff, L.kv_layer,
+               ggml_type_name((ggml_type) L.wq.type), ggml_type_name((ggml_type) L.ffn_down.type));
+    }
+
+    const llama_vocab * vocab = llama_model_get_vocab(m_tgt);
+    std::vector<llama_token> tok(prompt.size() + 16);
+    const int n_prompt = llama_tokenize(vocab, prompt.c_str(), (int) prompt.size(), tok.data(), (int) tok.size(), true, false);
+    if (n_prompt <= 0) {
+        die("cannot tokenize the prompt");
+    }
+    tok.resize(n_prompt);
+    if (llama_decode(ctx_tgt, llama_batch_get_one(tok.data(), n_prompt)) != 0) {
+        die("prompt decode failed");
+    }
+    const int n_vocab = p.n_vocab;
+    const int n_embd_bb = p.n_embd_bb;
+
+    llama_batch_ext * bd = llama_batch_ext_init(ctx_dft);
+    mk_draft_ref::weights W;
+    int fails = 0, n_steps = 0, n_same = 0, n_div = 0, n_div_bad = 0, map_bad = 0;
+    double worst_lo = 0, worst_h = 0, min_margin_same = INFINITY;
+    int last_row = n_prompt - 1;   // the target's last batch row: its logits and hidden row
+    int pos0 = n_prompt;
+    for (int s = 0; s < n_states; ++s) {
+        const llama_token id_last = argmax_f(llama_get_logits_ith(ctx_tgt, last_row), llama_vocab_n_tokens(vocab));
+        std::vector<float> h0(llama_get_embeddings_nextn_ith(ctx_tgt, last_row), llama_get_embeddings_nextn_ith(ctx_tgt, last_row) + n_embd_bb);
+
+        // 1. llama.cpp's drafts
+        std::vector<int> ids;
+        std::vector<std::vector<float>> lo_ll, h_ll;
+        std::vector<float> h = h0;
+        llama_token t = id_last;
+        for (int j = 0; j < k; ++j) {
+            llama_batch_ext_clear(bd);
+            const int32_t idx = llama_batch_ext_add_token(bd, 0, t);
+            llama_batch_ext_set_pos(bd, idx, &pos0);
+            llama_batch_ext_set_embd_token(bd, idx, { h.data(), 1, (size_t) n_embd_bb });
+            llama_batch_ext_set_output_logits(bd, idx, true);
+            if (llama_process(ctx_dft, LLAMA_PROCESS_TYPE_DECODE, bd) != 0) {
+                die("the assistant's decode failed");
+            }
+            const float * lo = llama_get_logits_ith(ctx_dft, 0);
+            const float * hn = llama_get_embeddings_nextn_ith(ctx_dft, 0);
+            lo_ll.emplace_back(lo, lo + n_vocab);
+            h_ll.emplace_back(hn, hn + n_embd_bb);
+            t = argmax_f(lo, n_vocab);
+            ids.push_back(t);
+            h.assign(hn, hn + n_embd_bb);
+        }
+
+        // 2. the plan's inputs and the float64 reference
+        ggml_mk_draft_step st = {};
+        if (!llama_mk_draft_inputs(d.get(), llama_get_memory(ctx_dft), 0, pos0, st)) {
+            die("llama_mk_draft_inputs failed");
+        }
+        st.k = k;
+        st.token = id_last;
+        st.h = h0.data();
+        if (s == 0) {
+            // the cache each layer reads: the assistant cache's own view of its layer il (llama.cpp's share map)
+            auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(llama_get_memory(ctx_dft));
+            ggml_init_params ip = { 8*ggml_tensor_overhead(), nullptr, true };
+            ggml_context * cv = ggml_init(ip);
+            for (int il = 0; il < p.n_layer; ++il) {
+                const llama_kv_cache * kv = p.layers[il].is_swa ? iswa->get_swa() : iswa->get_base();
+                llama_kv_cache::slot_info si;
+                si.s0 = si.s1 = kv->get_stream(0);
+                si.strm = { (llama_seq_id) si.s0 };
+                si.idxs = { { 0 } };
+                const void * k_ll = kv->get_k(cv, il, kv->get_size(), si)->data;
+                const void * v_ll = kv->get_v(cv, il, kv->get_size(), si)->data;
+                const bool ok = k_ll == st.kv[il].k && v_ll == st.kv[il].v;
+                map_bad += !ok;
+                printf("%s assistant layer %d reads target layer %d's cache: the plan's K/V views %s llama.cpp's\n", ok ? "OK" : "FAIL",
+                       il, p.layers[il].kv_layer, ok ? "==" : "!=");
+            }
+            ggml_free(cv);
+        }
+        const mk_draft_ref::result r = mk_draft_ref::run(W, p, st);
+
+        // 3. compare
+        int same = 0;
+        for (int j = 0; j < k; ++j) {
+            ++n_steps;
+            const double e_lo = nmse_fd(lo_ll[j].data(), r.logits[j]);
+            const double e_h  = nmse_fd(h_ll[j].data(), r.h[j]);
+            worst_lo = std::max(worst_lo, e_lo);
+            worst_h  = std::max(worst_h, e_h);
+            if (!(e_lo <= max_nmse) || !(e_h <= max_nmse_h)) {
+                printf("FAIL state %d (pos %d) step %d: NMSE vs float64 logits %.3g, h_next %.3g\n", s, pos0, j, e_lo, e_h);
+                ++fails;
+            }
+            if (ids[j] != r.tokens[j]) {
+                ++n_div;
+                const bool near_tie = r.margin[j] < max_margin;
+                n_div_bad += !near_tie;
+                printf("%s state %d (pos %d) step %d: llama.cpp drafts %d, the reference %d; reference margin %.3g, "
+                       "llama.cpp's %.3g, %d steps left uncompared\n", near_tie ? "near tie" : "FAIL", s, pos0, j, ids[j],
+                       r.tokens[j], r.margin[j], margin_f(lo_ll[j].data(), n_vocab), k - 1 - j);
+                break;
+            }
+            ++same;
+            min_margin_same = std::min(min_margin_same, r.margin[j]);
+        }
+        n_same += same;
+        if (s < 3 || s == n_states - 1) {
+            printf("state %d (pos %d, token %d): llama.cpp drafts", s, pos0, id_last);
+            for (int j = 0; j < k; ++j) printf(" %d", ids[j]);
+            printf("; reference");
+            for (int j = 0; j < k; ++j) printf(" %d", r.tokens[j]);
+            printf("\n");
+        }
+
+        // the target takes the token (a live decode state: greedy, one step)
+        llama_token next = id_last;
+        if (llama_decode(ctx_tgt, llama_batch_get_one(&next, 1)) != 0) {
+            die("target decode failed");
+        }
+        last_row = 0;
+        ++pos0;
+    }
+    llama_batch_ext_free(bd);
+
+    printf("%s draft tokens, %d states x k=%d (positions %d..%d, window crossed): %d of %d compared steps identical, %d "
+           "divergences (%d not near ties, margin bound %.3g); smallest reference margin where they agree %.3g\n",
+           n_div_bad ? "FAIL" : "OK", n_states, k, n_prompt, pos0 - 1, n_same, n_same + n_div, n_div, n_div_bad, max_margin,
+           min_margin_same);
+    printf("%s logits and h_next while the tokens agree: worst NMSE vs float64 %.3g (logits, bound %.3g), %.3g (h_next, "
+           "bound %.3g)\n", fails ? "FAIL" : "OK", worst_lo, max_nmse, worst_h, max_nmse_h);
+    fails += n_div_bad + map_bad;
+    printf("test-mk-draft: %s\n", fails ? "FAILED" : "passed");
+
+    d.reset();
+    llama_free(ctx_dft);
+    llama_free(ctx_tgt);
+    llama_model_free(m_dft);
+    llama_model_free(m_tgt);
+    llama_backend_free();
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,96 @@
+"""The fused MTP draft (issue 14): its backend-neutral plan and float64 reference against llama.cpp, on the CPU.
+
+test-mk-draft (megakernel/tests/test-mk-draft.cpp) loads a synthetic gemma4 target and its gemma4-assistant (the
+assistant reads the target's hidden state strongly: h_gain = 1) on the CPU build, decodes greedily across the
+16-token sliding window, and at every decode state drafts k tokens twice: with llama.cpp's own assistant graph (as
+draft-mtp does: k one-token batches at one position, each fed the previous argmax and h_nextn), and with the float64
+reference (tests/mk_hostemu/mk_draft_ref.h) reading the plan megakernel/llama-mk.cpp derives (llama_mk_draft_init,
+llama_mk_draft_inputs: weights in their GGUF types, each assistant layer's view of its target cache, llama.cpp's
+masks). The draft tokens must be identical (a divergence passes only at a near tie of the reference's logits), the
+logits and h_next close (NMSE), and each assistant layer must read the cache llama.cpp's share map gives it.
+Planted bugs in the reference (h at the wrong scale, no sliding window, h_next before the final norm) must fail.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stq_helpers import cxx, source_tree
+
+from harness import config
+
+MK = config.MEGAKERNEL_DIR
+TEST_MK_DRAFT = MK / "tests" / "test-mk-draft.cpp"
+HOSTEMU = Path(__file__).resolve().parent / "mk_hostemu"
+REF = HOSTEMU / "mk_draft_ref.h"
+
+
+@pytest.fixture(scope="module", params=["F16", "Q4_0"])
+def synth_pair(request, gemma_model) -> tuple[Path, Path]:
+    from harness import synth_gemma4
+    p = synth_gemma4.SynthParams(matrix_type=request.param, n_vocab=4096, window=16, h_gain=1.0)
+    return synth_gemma4.ensure_pair(gemma_model, p=p)
+
+
+def _build(tmp_path: Path, build: Path, first_inc: Path | None = None) -> Path:
+    src = source_tree(build)
+    exe = tmp_path / "test-mk-draft"
+    lib = build / "bin"
+    inc = ([f"-I{first_inc}"] if first_inc else []) + [f"-I{MK}", f"-I{HOSTEMU}"]
+    cmd = [cxx(), "-std=c++17", "-O2", str(TEST_MK_DRAFT), "-o", str(exe), *inc, f"-I{src}/include", f"-I{src}/src",
+           f"-I{src}/ggml/include", f"-L{lib}", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"building test-mk-draft failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    return exe
+
+
+def _run(exe: Path, pair: tuple[Path, Path], *args: str) -> subprocess.CompletedProcess:
+    target, assistant = pair
+    return subprocess.run([str(exe), "-m", str(target), "-md", str(assistant), *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("k,fa", [(4, 0), (8, 1)])
+def test_draft_reference_matches_llama_cpp_assistant(tmp_path, cpu_build, synth_pair, k, fa):
+    exe = _build(tmp_path, cpu_build)
+    r = _run(exe, synth_pair, "-n", "40", "-k", str(k), "--fa", str(fa))
+    print(r.stdout)
+    assert r.returncode == 0 and "test-mk-draft: passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
+    # the cache each assistant layer reads (llama.cpp's share map: the target's last sliding-window and global layers)
+    assert re.search(r"^OK assistant layer 0 reads target layer 4's cache", r.stdout, re.M), r.stdout
+    assert re.search(r"^OK assistant layer 1 reads target layer 5's cache", r.stdout, re.M), r.stdout
+    m = re.search(r"^OK draft tokens, 40 states x k=(\d+) .*: (\d+) of (\d+) compared steps identical", r.stdout, re.M)
+    assert m and int(m.group(1)) == k, r.stdout
+    # every state's k steps compared: no divergence at all on this pair (the reference's margins are large)
+    assert int(m.group(2)) == int(m.group(3)) == 40*k, r.stdout
+    assert re.search(r"^OK logits and h_next while the tokens agree", r.stdout, re.M), r.stdout
+
+
+# planted bugs in the reference: each must fail (FAIL lines, exit 1)
+PLANTED = {
+    "h_half": ("xh[p.n_embd_bb + i] = h[i];", "xh[p.n_embd_bb + i] = h[i]*0.5;"),
+    "no_window": ("const int c = L.is_swa ? 1 : 0;", "const int c = 0;"),
+    "h_next_before_norm": ("h_next = W.mv(p.post, n);", "h_next = W.mv(p.post, cur);"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED))
+def test_draft_reference_planted_bug_fails(tmp_path, cpu_build, gemma_model, bug):
+    from harness import synth_gemma4
+    pair = synth_gemma4.ensure_pair(gemma_model, p=synth_gemma4.SynthParams(matrix_type="F16", n_vocab=4096, window=16,
+                                                                           h_gain=1.0))
+    old, new = PLANTED[bug]
+    text = REF.read_text()
+    assert text.count(old) == 1, f"mutation target not (once) in {REF} (update the test): {old}"
+    mut = tmp_path / "inc"
+    mut.mkdir()
+    (mut / REF.name).write_text(text.replace(old, new, 1))
+    exe = _build(tmp_path, cpu_build, first_inc=mut)
+    r = _run(exe, pair, "-n", "40", "-k", "4")
+    print("\n".join(x for x in r.stdout.splitlines() if not x.startswith("state ")))
+    assert r.returncode == 1 and "test-mk-draft: FAILED" in r.stdout and re.search(r"^FAIL ", r.stdout, re.M), \
+        f"planted bug {bug} went unnoticed:\n{r.stdout[-4000:]}"
