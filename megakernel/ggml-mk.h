@@ -16,6 +16,7 @@
 #ifndef __METAL_VERSION__
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -262,6 +263,62 @@ struct ggml_mk_draft_step {
 typedef void * (*ggml_backend_mk_draft_create_t)(const struct ggml_mk_draft * draft, char * err, size_t err_size);
 typedef int    (*ggml_backend_mk_draft_eval_t)(void * mkd, const struct ggml_mk_draft_step * step);
 typedef void   (*ggml_backend_mk_draft_free_t)(void * mkd);
+
+// the assistant's layers and LM head as a megakernel plan: a draft step IS a decode step of this model with
+//  - Gemma 4 layers that have no K/V of their own (has_kv = 0: they read the views the step gives them, the target's
+//    caches, as the target's shared-KV layers do), no per-layer inputs (n_embd_pl = 0: out_scale then scales the FFN
+//    residual, as the assistant does), no softcap, Q scale 1;
+//  - as its "embedding rows" the pre-projected inputs pre*concat(x, h) with embd_scale 1, and as its hidden rows (h_out)
+//    the LM head's input n, from which h_next = post*n.
+// So the layer phases of a megakernel serve the draft unchanged; the fused draft adds the pre- and post-projections,
+// the argmax and the next step's embedding row around them. n_ctx: the target context's cells (the attention chunk)
+static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, int32_t n_ctx, struct ggml_mk_model * m) {
+    memset(m, 0, sizeof(*m));
+    m->version     = GGML_MK_VERSION;
+    m->arch        = GGML_MK_ARCH_GEMMA4;
+    m->device      = d->device;
+    m->n_layer     = d->n_layer;
+    m->n_embd      = d->n_embd;
+    m->n_vocab     = d->n_vocab;
+    m->kv_type     = 1; // GGML_TYPE_F16
+    m->norm_eps    = d->norm_eps;
+    m->embd_scale  = 1.0f;
+    m->attn_factor = d->attn_factor;
+    m->kq_scale    = d->kq_scale;
+    m->debug_flags = d->debug_flags;
+    m->n_ctx       = n_ctx;
+    m->att_chunk   = ggml_mk_att_chunk(n_ctx);
+    m->output      = d->output;
+    m->output_norm = d->output_norm;
+    for (int il = 0; il < d->n_layer; ++il) {
+        const struct ggml_mk_draft_layer * s = &d->layers[il];
+        struct ggml_mk_layer * L = &m->layers[il];
+        L->n_head         = s->n_head;
+        L->n_head_kv      = s->n_head_kv;
+        L->head_dim       = s->head_dim;
+        L->n_rot          = s->n_rot;
+        L->n_ff           = s->n_ff;
+        L->is_swa         = s->is_swa;
+        L->rope_base      = s->rope_base;
+        L->rope_scale     = s->rope_scale;
+        L->q_scale        = 1.0f;
+        L->out_scale      = s->out_scale;
+        L->rope_freqs     = s->rope_freqs;
+        L->wq             = s->wq;
+        L->wo             = s->wo;
+        L->ffn_gate       = s->ffn_gate;
+        L->ffn_up         = s->ffn_up;
+        L->ffn_down       = s->ffn_down;
+        L->attn_norm      = s->attn_norm;
+        L->q_norm         = s->q_norm;
+        L->attn_post_norm = s->attn_post_norm;
+        L->ffn_norm       = s->ffn_norm;
+        L->ffn_post_norm  = s->ffn_post_norm;
+        m->max_head_dim   = s->head_dim > m->max_head_dim ? s->head_dim : m->max_head_dim;
+    }
+    m->max_q  = d->max_q;
+    m->max_ff = d->max_ff;
+}
 
 #ifdef __cplusplus
 }

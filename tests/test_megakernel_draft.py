@@ -94,3 +94,54 @@ def test_draft_reference_planted_bug_fails(tmp_path, cpu_build, gemma_model, bug
     print("\n".join(x for x in r.stdout.splitlines() if not x.startswith("state ")))
     assert r.returncode == 1 and "test-mk-draft: FAILED" in r.stdout and re.search(r"^FAIL ", r.stdout, re.M), \
         f"planted bug {bug} went unnoticed:\n{r.stdout[-4000:]}"
+
+
+# --- the megakernel's layer phases as the draft (CUDA kernel source on the host) ---------------------------------
+
+DRAFT_EMU = HOSTEMU / "mk_draft_emu.cpp"
+GGML_MK_H = MK / "ggml-mk.h"
+
+
+def _build_draft_emu(tmp_path: Path, cpu_build: Path, first_inc: Path | None = None) -> Path:
+    src = source_tree(cpu_build)
+    exe = tmp_path / "mk_draft_emu"
+    lib = cpu_build / "bin"
+    inc = [f"-I{first_inc}"] if first_inc else []
+    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_SB=3", *inc, f"-I{src}/ggml/include",
+           f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{HOSTEMU}", str(DRAFT_EMU), "-o", str(exe), f"-L{lib}",
+           "-lggml-base", f"-Wl,-rpath,{lib}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"compiling the draft emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    return exe
+
+
+def test_megakernel_layer_phases_run_the_draft(tmp_path, cpu_build):
+    """mk-kernel.cuh's decode kernel, on the plan ggml_mk_draft_model makes of a random draft plan (layers reading the
+    target's caches, no K/V of their own), chained k = 4 steps with host glue (pre/post-projection, argmax) at four
+    positions across the window: the float64 reference's tokens, logits and h_next (NMSE < 1e-9)."""
+    exe = _build_draft_emu(tmp_path, cpu_build)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    print(r.stdout)
+    assert r.returncode == 0 and re.search(r"^OK the megakernel's layer phases as the draft .*: 16 of 16 steps", r.stdout, re.M), \
+        r.stdout[-3000:] + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bug", ["barriers", "embd_scale", "out_scale"])
+def test_megakernel_layer_phases_draft_planted_bug_fails(tmp_path, cpu_build, bug):
+    mut = None
+    args = []
+    if bug == "barriers":
+        args = ["--planted"]   # grid barriers become block barriers
+    else:
+        old, new = {"embd_scale": ("m->embd_scale  = 1.0f;", "m->embd_scale  = d->embd_scale;"),
+                    "out_scale": ("L->out_scale      = s->out_scale;", "L->out_scale      = 1.0f;")}[bug]
+        text = GGML_MK_H.read_text()
+        assert text.count(old) == 1, f"mutation target not (once) in {GGML_MK_H} (update the test): {old}"
+        mut = tmp_path / "inc"
+        mut.mkdir()
+        (mut / GGML_MK_H.name).write_text(text.replace(old, new, 1))
+    exe = _build_draft_emu(tmp_path, cpu_build, first_inc=mut)
+    r = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+    print(r.stdout[-1500:])
+    assert r.returncode == 1 and re.search(r"^FAIL the megakernel's layer phases as the draft", r.stdout, re.M), \
+        f"planted bug {bug} went unnoticed:\n{r.stdout[-3000:]}"

@@ -1,0 +1,205 @@
+// Host emulation: the CUDA megakernel's own layer phases (megakernel/cuda/mk-kernel.cuh through cuda_emu.h) run the
+// MTP assistant's layers and LM head, against the float64 draft reference (mk_draft_ref.h), on a tiny random
+// gemma4-assistant-shaped draft plan (ggml_mk_draft) and random F16 target caches.
+//
+// A draft step is a decode step of the plan ggml_mk_draft_model derives (ggml-mk.h: layers without K/V of their own
+// reading the target's cache views, embedding rows = the pre-projected inputs, hidden rows = the LM head's input). This
+// driver does the rest of a step on the host, as the fused draft kernel is to do it in-kernel: pre*concat(x, h) before
+// the launch, h_next = post*n and the argmax after it; k chained steps (each next step fed the kernel's own argmax and
+// h_next) at one position, at several positions across the sliding window. Checks (OK/FAIL lines, exit 1 on a failure):
+// draft tokens == the reference's, and the logits and h_next of every step within NMSE 1e-9 of it.
+// `--planted` runs with the grid barriers off (GGML_MK_DEBUG_NO_GRID_BARRIER): that must fail.
+#define GGML_COMMON_DECL_C
+#define GGML_COMMON_IMPL_C
+#include "ggml-common.h"
+
+#include "cuda_emu.h"
+#include "mk-kernel.cuh"
+
+#include "mk_draft_ref.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+using mk_ref::wt;
+using mk_ref::make_w;
+using mk_ref::make_v;
+
+static const int n_embd = 64, n_embd_bb = 128, n_vocab = 300, n_ff = 256, n_layer = 2, kv_size = 32, W = 6, k_steps = 4;
+
+int main(int argc, char ** argv) {
+    bool planted = false;
+    for (int i = 1; i < argc; ++i) {
+        if (std::string(argv[i]) == "--planted") {
+            planted = true;
+        } else {
+            fprintf(stderr, "usage: %s [--planted]\n", argv[0]);
+            return 2;
+        }
+    }
+    // the draft plan: layer 0 sliding window (64-dim heads, plain V), layer 1 global (128-dim heads, transposed V,
+    // proportional rope); weight types whose inputs the kernel keeps in f32 (Q4_0/Q8_0 meet 8-bit inputs: that rounding
+    // is the megakernel test's, mk_kernel_emu.cpp)
+    std::vector<wt> keep;
+    std::vector<std::vector<float>> vecs;
+    keep.reserve(32);
+    vecs.reserve(32);
+    auto Wt = [&](ggml_type t, int ne0, int ne1, float s = 1.0f) -> ggml_mk_weight { keep.push_back(make_w(t, ne0, ne1, s)); return keep.back().mk(); };
+    auto Vv = [&](int n, float lo, float hi) -> const float * { vecs.push_back(make_v(n, lo, hi)); return vecs.back().data(); };
+    std::vector<float> rope_ff(64, 1e30f);
+    for (int i = 0; i < 16; ++i) rope_ff[i] = 1.0f;
+
+    ggml_mk_draft d = {};
+    d.version = GGML_MK_DRAFT_VERSION; d.n_layer = n_layer; d.n_embd = n_embd; d.n_embd_bb = n_embd_bb; d.n_vocab = n_vocab;
+    d.max_ff = n_ff; d.k_max = k_steps; d.norm_eps = 1e-6f; d.embd_scale = sqrtf((float) n_embd_bb); d.kq_scale = 1.0f;
+    d.attn_factor = 1.0f; d.tok_embd_host = 1;
+    d.tok_embd = Wt(GGML_TYPE_Q8_0, n_embd_bb, n_vocab);   // the target's token embeddings (host glue here)
+    d.pre      = Wt(GGML_TYPE_F16, 2*n_embd_bb, n_embd);
+    d.post     = Wt(GGML_TYPE_F16, n_embd, n_embd_bb);
+    d.output   = Wt(GGML_TYPE_F16, n_embd, n_vocab, 3.0f);
+    d.output_norm = Vv(n_embd, 0.5f, 1.5f);
+    const int hd[n_layer] = { 64, 128 };
+    const ggml_type ty[n_layer][5] = {   // wq, wo, gate, up, down
+        { GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q5_0, GGML_TYPE_F16,  GGML_TYPE_Q4_K },
+        { GGML_TYPE_Q5_0, GGML_TYPE_F32,  GGML_TYPE_BF16, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K },
+    };
+    for (int il = 0; il < n_layer; ++il) {
+        ggml_mk_draft_layer & L = d.layers[il];
+        L.n_head = 2; L.n_head_kv = 1; L.head_dim = hd[il]; L.n_rot = hd[il]; L.n_ff = n_ff; L.is_swa = il == 0;
+        L.kv_layer = il; L.rope_base = il == 0 ? 10000.0f : 1e6f; L.rope_scale = 1.0f; L.out_scale = il == 0 ? 0.8f : 1.25f;   // (the last layer's is invisible: the final norm undoes it)
+        L.rope_freqs = il == 0 ? nullptr : rope_ff.data();
+        L.wq = Wt(ty[il][0], n_embd, L.n_head*L.head_dim); L.wo = Wt(ty[il][1], L.n_head*L.head_dim, n_embd);
+        L.ffn_gate = Wt(ty[il][2], n_embd, n_ff); L.ffn_up = Wt(ty[il][3], n_embd, n_ff); L.ffn_down = Wt(ty[il][4], n_ff, n_embd);
+        L.attn_norm = Vv(n_embd, 0.5f, 1.5f); L.q_norm = Vv(L.head_dim, 0.5f, 1.5f); L.attn_post_norm = Vv(n_embd, 0.5f, 1.5f);
+        L.ffn_norm = Vv(n_embd, 0.5f, 1.5f); L.ffn_post_norm = Vv(n_embd, 0.5f, 1.5f);
+        d.max_q = std::max(d.max_q, L.n_head*L.head_dim);
+    }
+    d.debug_flags = planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0;
+
+    // the target's caches, random F16 rows: cache 1 (sliding window) plain V, cache 0 (full attention) transposed V
+    std::vector<half> K[2], V[2];
+    ggml_mk_kv_view view[n_layer] = {};
+    {
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (int il = 0; il < n_layer; ++il) {
+            const int c = d.layers[il].is_swa ? 1 : 0;
+            K[c].resize((size_t) kv_size*hd[il]);
+            V[c].resize((size_t) kv_size*hd[il]);
+            for (auto & x : K[c]) x = __float2half(nd(mk_ref::rng));
+            for (auto & x : V[c]) x = __float2half(nd(mk_ref::rng));
+            ggml_mk_kv_view & v = view[il];
+            v.k = K[c].data(); v.v = V[c].data(); v.k_sc = 2*hd[il]; v.k_sh = 2*hd[il];
+            if (c == 1) { v.v_sc = 2*hd[il]; v.v_sh = 2*hd[il]; v.v_sd = 2; }
+            else        { v.v_sc = 2; v.v_sh = 2*kv_size*hd[il]; v.v_sd = 2*kv_size; }
+        }
+    }
+
+    ggml_mk_model md;
+    ggml_mk_draft_model(&d, kv_size, &md);
+
+    // scratch for the emulated kernel (one token)
+    const int n_chunk = kv_size/md.att_chunk + 1;
+    std::vector<float> s_part((size_t) MK_M*2*n_chunk*(4 + md.max_head_dim));
+    std::vector<unsigned> s_cnt(MK_M*2, 0u);
+    std::vector<float> s_x(MK_M*n_embd), s_x1(MK_M*n_embd), s_q(MK_M*md.max_q), s_att(MK_M*md.max_q), s_h(MK_M*n_embd),
+        s_g(MK_M*n_ff), s_lo(MK_M*n_vocab), s_hid(MK_M*n_embd), s_kv(MK_M*32);
+    unsigned bar[2] = {0, 0};
+    int launches = 0;
+    const int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;
+    mk_draft_ref::weights Wr;
+
+    int fails = 0, n_same = 0, n_steps = 0;
+    double worst_lo = 0, worst_h = 0;
+    for (int pos : { 3, 9, 17, 31 }) {
+        // the draft query at pos sees the cells of positions 0..pos-1 (cell = position), the window the last W of them
+        std::vector<float> mask[2];
+        mask[0].assign(kv_size, -INFINITY);
+        mask[1].assign(kv_size, -INFINITY);
+        for (int c = 0; c < pos; ++c) {
+            mask[0][c] = 0.0f;
+            mask[1][c] = pos - c < W ? 0.0f : -INFINITY;
+        }
+        std::vector<float> h0(n_embd_bb);
+        {
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            for (auto & x : h0) x = nd(mk_ref::rng);
+        }
+        ggml_mk_draft_step st = {};
+        st.k = k_steps; st.token = (pos*37) % n_vocab; st.pos = pos; st.h = h0.data();
+        st.n_kv[0] = st.n_kv[1] = kv_size; st.mask[0] = mask[0].data(); st.mask[1] = mask[1].data();
+        for (int il = 0; il < n_layer; ++il) st.kv[il] = view[il];
+        const mk_draft_ref::result r = mk_draft_ref::run(Wr, d, st);
+
+        // the kernel's chain: the host glue around one launch per step
+        std::vector<double> h(h0.begin(), h0.end());
+        int32_t t = st.token;
+        std::vector<int> toks;
+        for (int j = 0; j < k_steps; ++j) {
+            std::vector<float> e(n_embd_bb);
+            mk_draft_ref::weights::row(d.tok_embd, t, e.data());
+            std::vector<double> xh(2*n_embd_bb);
+            for (int i = 0; i < n_embd_bb; ++i) { xh[i] = (double) e[i]*d.embd_scale; xh[n_embd_bb + i] = h[i]; }
+            const std::vector<double> pre = Wr.mv(d.pre, xh);
+            std::vector<float> embd(pre.begin(), pre.end());
+
+            mk_dstep ds = {};
+            ds.n_tokens = 1; ds.pos[0] = pos; ds.n_kv[0] = ds.n_kv[1] = kv_size;
+            for (int il = 0; il < n_layer; ++il) ds.kv[il] = view[il];
+            const float * masks[2] = { mask[0].data(), mask[1].data() };
+            mk_step_chunks(ds, masks, 1, md.att_chunk);
+            mk_args a = {};
+            a.m = &md; a.st = &ds; a.mask[0] = mask[0].data(); a.mask[1] = mask[1].data(); a.embd = embd.data();
+            a.xb[0] = s_x.data(); a.xb[1] = s_x1.data(); a.att_part = s_part.data(); a.att_cnt = s_cnt.data();
+            a.max_head = 2; a.n_chunk = n_chunk; a.q = s_q.data(); a.k = s_kv.data(); a.v = s_kv.data(); a.att = s_att.data();
+            a.h = s_h.data(); a.g = s_g.data(); a.logits = s_lo.data(); a.h_out = s_hid.data();
+            a.bar = bar + launches % 2; a.bar_next = bar + (launches + 1) % 2; ++launches;
+            std::vector<mk_mvr> mvt(mk_mv_count(n_layer));
+            mk_mv_table(md, a, mvt.data());
+            a.mvt = mvt.data();
+            const mk_smem L = mk_smem_plan(mvt.data(), (int) mvt.size(), 1, smem, MK_NS_MIN, mk_att_bytes(md));
+            if (L.ns == 0) {
+                printf("FAIL the draft's mat-vecs do not fit in %d bytes of shared memory\n", smem);
+                return 1;
+            }
+            a.xs_bytes = L.xs_bytes; a.xq_bytes = L.xq_bytes; a.ns = L.ns;
+            if (!emu_launch(mk_decode_kernel, a, 2, MK_THREADS, smem, "mk_decode_kernel")) {
+                printf("FAIL deadlock in mk_decode_kernel\n");
+                return 1;
+            }
+            const std::vector<double> n(s_hid.begin(), s_hid.begin() + n_embd);
+            h = Wr.mv(d.post, n);
+            int am = 0;
+            for (int i = 1; i < n_vocab; ++i) am = s_lo[i] > s_lo[am] ? i : am;
+
+            // vs the reference's step j (while the chains agree)
+            if (j == (int) toks.size() && (j == 0 || toks[j - 1] == r.tokens[j - 1])) {
+                ++n_steps;
+                double num = 0, den = 0, num_h = 0, den_h = 0;
+                for (int i = 0; i < n_vocab; ++i) { num += (s_lo[i] - r.logits[j][i])*(s_lo[i] - r.logits[j][i]); den += r.logits[j][i]*r.logits[j][i]; }
+                for (int i = 0; i < n_embd_bb; ++i) { num_h += (h[i] - r.h[j][i])*(h[i] - r.h[j][i]); den_h += r.h[j][i]*r.h[j][i]; }
+                const double e_lo = std::isfinite(num/den) ? num/den : INFINITY, e_h = std::isfinite(num_h/den_h) ? num_h/den_h : INFINITY;
+                worst_lo = std::max(worst_lo, e_lo);
+                worst_h = std::max(worst_h, e_h);
+                const bool same = am == r.tokens[j];
+                n_same += same;
+                if (!same || !(e_lo < 1e-9) || !(e_h < 1e-9)) {
+                    printf("FAIL pos %d step %d: kernel drafts %d, the reference %d (margin %.3g); NMSE logits %.3g, h_next %.3g\n",
+                           pos, j, am, r.tokens[j], r.margin[j], e_lo, e_h);
+                    ++fails;
+                }
+            }
+            toks.push_back(am);
+            t = am;
+        }
+        printf("pos %d: kernel drafts", pos);
+        for (int x : toks) printf(" %d", x);
+        printf("; reference");
+        for (int x : r.tokens) printf(" %d", x);
+        printf("\n");
+    }
+    printf("%s the megakernel's layer phases as the draft (plan ggml_mk_draft_model), 4 positions x k=%d (window %d crossed): "
+           "%d of %d steps draft the reference's token; worst NMSE vs float64 %.3g (logits), %.3g (h_next)\n",
+           fails ? "FAIL" : "OK", k_steps, W, n_same, n_steps, worst_lo, worst_h);
+    return fails ? 1 : 0;
+}
