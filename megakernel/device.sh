@@ -8,7 +8,8 @@
 #   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
 #   bench, profile (per-phase times inside the launch; MK_PROF=2: also every block's barrier arrivals), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), sanitize. Logs and results under $OUT (every stage tees its full output there).
-# Environment: MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
+# Environment: MK_CHECK_ARGS (check: extra nvcc options, e.g. -DGGML_MK_DRAFT_KERNEL: also the fused MTP draft kernel),
+#   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), small-h = F16 with an assistant that reads the target's hidden state strongly, e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
@@ -44,7 +45,7 @@ stage_check() {
     log "nvcc syntax check of megakernel/cuda/mk.cu"
     nvcc -std=c++17 -arch=sm_90 -c -o /dev/null "$HERE/megakernel/cuda/mk.cu" \
         -I"$SRC/ggml/src" -I"$SRC/ggml/include" -I"$HERE/megakernel" -I"$HERE/megakernel/cuda" \
-        -Xptxas -v 2>&1 | tee "$OUT/check.log" | grep -v "^ptxas info    : Function properties for" | tail -30
+        -Xptxas -v ${MK_CHECK_ARGS:-} 2>&1 | tee "$OUT/check.log" | grep -v "^ptxas info    : Function properties for" | tail -30
     return "${PIPESTATUS[0]}"
 }
 

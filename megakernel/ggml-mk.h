@@ -16,7 +16,6 @@
 #ifndef __METAL_VERSION__
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -268,12 +267,12 @@ typedef void   (*ggml_backend_mk_draft_free_t)(void * mkd);
 //  - Gemma 4 layers that have no K/V of their own (has_kv = 0: they read the views the step gives them, the target's
 //    caches, as the target's shared-KV layers do), no per-layer inputs (n_embd_pl = 0: out_scale then scales the FFN
 //    residual, as the assistant does), no softcap, Q scale 1;
-//  - as its "embedding rows" the pre-projected inputs pre*concat(x, h) with embd_scale 1, and as its hidden rows (h_out)
-//    the LM head's input n, from which h_next = post*n.
+//  - as its residual stream's start the pre-projected inputs pre*concat(x, h) (no embedding rows: embd_scale unused), and
+//    as its hidden rows (h_out) the LM head's input n, from which h_next = post*n.
 // So the layer phases of a megakernel serve the draft unchanged; the fused draft adds the pre- and post-projections,
-// the argmax and the next step's embedding row around them. n_ctx: the target context's cells (the attention chunk)
+// the argmax and the next step's embedding row around them (CUDA: mk_args.draft). n_ctx: the target context's cells
+// (the attention chunk); m: zero-initialised by the caller
 static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, int32_t n_ctx, struct ggml_mk_model * m) {
-    memset(m, 0, sizeof(*m));
     m->version     = GGML_MK_VERSION;
     m->arch        = GGML_MK_ARCH_GEMMA4;
     m->device      = d->device;

@@ -96,10 +96,11 @@ def test_draft_reference_planted_bug_fails(tmp_path, cpu_build, gemma_model, bug
         f"planted bug {bug} went unnoticed:\n{r.stdout[-4000:]}"
 
 
-# --- the megakernel's layer phases as the draft (CUDA kernel source on the host) ---------------------------------
+# --- the fused draft: the CUDA kernel's source on the host ------------------------------------------------------
 
 DRAFT_EMU = HOSTEMU / "mk_draft_emu.cpp"
 GGML_MK_H = MK / "ggml-mk.h"
+KERNEL = MK / "cuda" / "mk-kernel.cuh"
 
 
 def _build_draft_emu(tmp_path: Path, cpu_build: Path, first_inc: Path | None = None) -> Path:
@@ -107,7 +108,8 @@ def _build_draft_emu(tmp_path: Path, cpu_build: Path, first_inc: Path | None = N
     exe = tmp_path / "mk_draft_emu"
     lib = cpu_build / "bin"
     inc = [f"-I{first_inc}"] if first_inc else []
-    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_SB=3", *inc, f"-I{src}/ggml/include",
+    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_SB=3", "-DGGML_MK_DRAFT_KERNEL", *inc,
+           f"-I{src}/ggml/include",
            f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{HOSTEMU}", str(DRAFT_EMU), "-o", str(exe), f"-L{lib}",
            "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -115,33 +117,62 @@ def _build_draft_emu(tmp_path: Path, cpu_build: Path, first_inc: Path | None = N
     return exe
 
 
-def test_megakernel_layer_phases_run_the_draft(tmp_path, cpu_build):
-    """mk-kernel.cuh's decode kernel, on the plan ggml_mk_draft_model makes of a random draft plan (layers reading the
-    target's caches, no K/V of their own), chained k = 4 steps with host glue (pre/post-projection, argmax) at four
-    positions across the window: the float64 reference's tokens, logits and h_next (NMSE < 1e-9)."""
+def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_build):
+    """mk-kernel.cuh's draft kernel (mk_draft_kernel: mk_step<true>, the decode step's code with the draft's inputs and
+    pick around it): k = 4 chained steps of a random assistant in one launch
+    (in-kernel embedding row, pre-projection, the layers reading the target's caches, LM head, post-projection, argmax
+    feeding the next step) at four positions across the window: the float64 reference's tokens, logits and h_next."""
     exe = _build_draft_emu(tmp_path, cpu_build)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(r.stdout)
-    assert r.returncode == 0 and re.search(r"^OK the megakernel's layer phases as the draft .*: 16 of 16 steps", r.stdout, re.M), \
+    assert r.returncode == 0 and re.search(r"^OK the fused draft .*: 16 of 16 steps", r.stdout, re.M), \
         r.stdout[-3000:] + r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("bug", ["barriers", "embd_scale", "out_scale"])
-def test_megakernel_layer_phases_draft_planted_bug_fails(tmp_path, cpu_build, bug):
+# planted bugs: grid barriers off; the plan mapping (ggml_mk_draft_model) with Q.K scaled by 1/sqrt(head_dim) (Gemma 3's
+# habit) or without the layer output scale; the kernel's draft feeding step j its own position's h (not step j-1's h_next); the argmax's tie
+# rule reversed is not planted (no ties in random logits)
+EMU_PLANTED = {
+    "barriers": None,
+    "kq_scale": (GGML_MK_H, "m->kq_scale    = d->kq_scale;", "m->kq_scale    = 1.0f/sqrtf((float) d->layers[0].head_dim);"),
+    "out_scale": (GGML_MK_H, "L->out_scale      = s->out_scale;", "L->out_scale      = 1.0f;"),
+    "h_not_chained": (KERNEL, "da.xh[nb + i] = j == 0 ? da.h[i] : mk_ldcg(da.h_next + (size_t) (j - 1)*nb + i);",
+                      "da.xh[nb + i] = da.h[i];"),
+}
+
+
+@pytest.mark.parametrize("bug", list(EMU_PLANTED))
+def test_fused_draft_kernel_planted_bug_fails(tmp_path, cpu_build, bug):
     mut = None
     args = []
-    if bug == "barriers":
+    if EMU_PLANTED[bug] is None:
         args = ["--planted"]   # grid barriers become block barriers
     else:
-        old, new = {"embd_scale": ("m->embd_scale  = 1.0f;", "m->embd_scale  = d->embd_scale;"),
-                    "out_scale": ("L->out_scale      = s->out_scale;", "L->out_scale      = 1.0f;")}[bug]
-        text = GGML_MK_H.read_text()
-        assert text.count(old) == 1, f"mutation target not (once) in {GGML_MK_H} (update the test): {old}"
+        path, old, new = EMU_PLANTED[bug]
+        text = path.read_text()
+        assert text.count(old) == 1, f"mutation target not (once) in {path} (update the test): {old}"
         mut = tmp_path / "inc"
         mut.mkdir()
-        (mut / GGML_MK_H.name).write_text(text.replace(old, new, 1))
+        (mut / path.name).write_text(text.replace(old, new, 1))
     exe = _build_draft_emu(tmp_path, cpu_build, first_inc=mut)
     r = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
     print(r.stdout[-1500:])
-    assert r.returncode == 1 and re.search(r"^FAIL the megakernel's layer phases as the draft", r.stdout, re.M), \
+    assert r.returncode == 1 and re.search(r"^FAIL the fused draft", r.stdout, re.M), \
         f"planted bug {bug} went unnoticed:\n{r.stdout[-3000:]}"
+
+
+def test_fused_draft_kernel_compiles_for_sm90(cpu_build):
+    """mk.cu with the draft kernel (GGML_MK_DRAFT_KERNEL) compiles for sm_90; without it (the build's default) the decode
+    kernel's code is what it was before the draft (mk_step<false>: no draft code in it)."""
+    from harness import cuda_toolkit
+    src = source_tree(cpu_build)
+    inc = [src / "ggml" / "src", src / "ggml" / "include", MK, MK / "cuda"]
+    res = cuda_toolkit.compile_check(MK / "cuda" / "mk.cu", inc, defines=["GGML_MK_DRAFT_KERNEL"])
+    assert res["ok"], f"{res['cmd']}\n{res['log'][-6000:]}"
+    sass = cuda_toolkit.sass_report(res["cubin"])
+    for name, f in sass.items():
+        if "draft" in name:
+            print(f"  {name[:70]:70s} instr {f['instructions']:6d} spills {f['spills']:4d} in loops {f['loop_spills']:4d}")
+    assert any("mk_draft_kernel" in k for k in sass), list(sass)
+    plain = cuda_toolkit.sass_report(cuda_toolkit.compile_check(MK / "cuda" / "mk.cu", inc)["cubin"])
+    assert not any("draft" in k for k in plain), f"draft code in the default build: {list(plain)}"

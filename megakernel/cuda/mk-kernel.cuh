@@ -90,6 +90,23 @@ static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int
 
 struct mk_mvr;
 
+// a fused MTP draft launch (ggml-mk.h: ggml_mk_draft): k decode steps of the plan ggml_mk_draft_model makes of the
+// assistant, each fed pre*concat(tok_embd[t]*embd_scale, h) (t, h: the launch's, then the step before's draft and
+// h_next: mk_draft_inputs) and followed by h_next = post*n and the argmax of the logits (mk_draft_pick). The mat-vec
+// table holds a decode step's, then pre, then post once per step (its output row moves with the step: mk_mv_table_draft)
+struct mk_draft_args {
+    ggml_mk_weight tok_embd;   // the target's token embeddings, readable by the kernel
+    float   embd_scale;        // sqrt(n_embd_bb)
+    int     n_embd_bb;
+    int     k;
+    int     token;             // the last sampled token
+    const float * h;           // [n_embd_bb] the target's hidden row of the token before
+    float   * xh;              // scratch [2*n_embd_bb]: the pre-projection's input
+    float   * h_next;          // [k][n_embd_bb] each step's post*n
+    int32_t * tokens;          // [k] the drafts
+    float   * logits;          // NULL, or [k][n_vocab] every step's logits
+};
+
 struct mk_args {
     const ggml_mk_model * m;     // device copy of the plan
     const mk_dstep      * st;    // device copy of the step
@@ -394,6 +411,27 @@ static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int 
 static inline void mk_mv_table(const ggml_mk_model & md, const mk_args & a, mk_mvr * tab) {
     for (int i = 0; i < mk_mv_count(md.n_layer); ++i) {
         tab[i] = mk_mvr_of(mk_mv_desc(md, a, i));
+    }
+}
+
+// a draft launch's table (mk_mv_draft_count entries): a decode step's of md (ggml_mk_draft_model of d), then the
+// pre-projection (into the residual stream), then the post-projection of each step j (into da.h_next row j)
+MK_HOSTDEV int mk_mv_draft_pre(int n_layer)         { return mk_mv_count(n_layer); }
+MK_HOSTDEV int mk_mv_draft_post(int n_layer, int j) { return mk_mv_count(n_layer) + 1 + j; }
+MK_HOSTDEV int mk_mv_draft_count(int n_layer, int k) { return mk_mv_count(n_layer) + 1 + k; }
+
+static inline void mk_mv_table_draft(const ggml_mk_draft & d, const ggml_mk_model & md, const mk_args & a, const mk_draft_args & da,
+                                     mk_mvr * tab) {
+    mk_mv_table(md, a, tab);
+    mk_mv pre = {};
+    pre.jobs[0] = { d.pre, a.xb[0], md.n_embd, 0.0f };
+    pre.n_jobs  = 1;
+    tab[mk_mv_draft_pre(md.n_layer)] = mk_mvr_of(pre);
+    for (int j = 0; j < da.k; ++j) {
+        mk_mv post = {};
+        post.jobs[0] = { d.post, da.h_next + (size_t) j*d.n_embd_bb, d.n_embd_bb, 0.0f };
+        post.n_jobs  = 1;
+        tab[mk_mv_draft_post(md.n_layer, j)] = mk_mvr_of(post);
     }
 }
 
@@ -1648,7 +1686,77 @@ MK_DEVICE_FN void mk_pl_inputs(const mk_args & a, int M) {
 
 // ---------------------------------------------------------------------------------------------
 
-MK_KERNEL mk_decode_kernel(const mk_args ka) {
+// a draft step's pre-projection input concat(tok_embd[t]*embd_scale, h) (t, h: the launch's, or step j-1's draft and
+// h_next, written before the last grid barrier)
+MK_DEVICE_FN void mk_draft_inputs(const mk_draft_args & da, int j) {
+    const int nb = da.n_embd_bb;
+    const int t  = j == 0 ? da.token : (int) mk_ldcg_u32((const unsigned *) da.tokens + j - 1);
+    const uint8_t * row = (const uint8_t *) da.tok_embd.data + (size_t) t*da.tok_embd.nb1;
+    const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
+    for (int g = tid; g < nb/32; g += gridDim.x*MK_THREADS) {
+        float w[32];
+        mk_deq32(row, da.tok_embd.type, g, 32, w);
+        for (int i = 0; i < 32; ++i) {
+            da.xh[32*g + i] = w[i]*da.embd_scale;
+        }
+    }
+    for (int i = tid; i < nb; i += gridDim.x*MK_THREADS) {
+        da.xh[nb + i] = j == 0 ? da.h[i] : mk_ldcg(da.h_next + (size_t) (j - 1)*nb + i);
+    }
+}
+
+// block 0: step j's draft, the first index of the largest logit (and the logits to the host, if wanted)
+MK_DEVICE_FN void mk_draft_pick(const mk_args & a, const mk_draft_args & da, int j) {
+    MK_SHARED(float,    s_v, MK_WARPS);
+    MK_SHARED(unsigned, s_i, MK_WARPS);
+    if (blockIdx.x != 0) {
+        return;
+    }
+    const int nv   = a.m->n_vocab;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    float    best = -INFINITY;
+    unsigned bi   = 0;
+    for (int i = threadIdx.x; i < nv; i += MK_THREADS) {
+        const float v = mk_ldcg(a.logits + i);
+        if (da.logits) {
+            da.logits[(size_t) j*nv + i] = v;
+        }
+        if (v > best) {
+            best = v;
+            bi   = i;
+        }
+    }
+    // the larger value, on a tie the smaller index: over the lanes, then over the warps
+    for (int o = WARP_SIZE/2; o > 0; o /= 2) {
+        const float    v = __shfl_xor_sync(0xffffffff, best, o);
+        const unsigned i = __shfl_sync(0xffffffff, bi, lane ^ o);
+        if (v > best || (v == best && i < bi)) {
+            best = v;
+            bi   = i;
+        }
+    }
+    if (lane == 0) {
+        s_v[warp] = best;
+        s_i[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < MK_WARPS; ++w) {
+            if (s_v[w] > best || (s_v[w] == best && s_i[w] < bi)) {
+                best = s_v[w];
+                bi   = s_i[w];
+            }
+        }
+        da.tokens[j] = (int32_t) bi;
+    }
+}
+
+// one step of a launch, the whole grid: a decode/verify step (DRAFT = false: mk_decode_kernel), or step j of a fused MTP
+// draft (mk_draft_kernel; da: a device copy of its mk_draft_args), which adds its inputs and its pick around the step.
+// A decode step's code does not see the draft's: it compiles to the kernel it was before the draft (SASS compared)
+template <bool DRAFT>
+MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     MK_SHARED_DYN(float4, smem);
     // the launch's arguments and the descriptors of the mat-vecs live in shared memory: one copy per block.
     // (Passed by reference to the phases, a per-thread copy would be local memory: a few hundred bytes x 512
@@ -1660,16 +1768,16 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     if (threadIdx.x == 0) {
         s_a[0] = ka;
     }
-    if (ka.bulk && threadIdx.x < MK_WARPS*ka.ns) {
+    if (j == 0 && ka.bulk && threadIdx.x < MK_WARPS*ka.ns) {
         mk_mbar_init(&s_bulk[threadIdx.x / ka.ns].bar[threadIdx.x % ka.ns]);   // (the stages in use)
     }
-    if (threadIdx.x < MK_WARPS) {
-        s_bulk[threadIdx.x].ph = 0;
+    if (j == 0 && threadIdx.x < MK_WARPS) {
+        s_bulk[threadIdx.x].ph = 0;   // (a draft's steps go on with the phases of the step before)
     }
     mk_mbar_init_fence();
     __syncthreads();
     const mk_args & a = s_a[0];
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (j == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
         *a.bar_next = 0;   // the next launch's barrier count
     }
     float   * xs = (float *) smem;                                // staged mat-vec inputs; the heads' scratch
@@ -1684,8 +1792,8 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     float * xn = a.xb[1];   // where the next residual step writes it
     mk_prof(a, MK_PH_START);
 
-    // x = token embedding * sqrt(n_embd)
-    {
+    // x = token embedding * sqrt(n_embd) (a draft step: pre*concat(x, h), below)
+    if (!DRAFT) {
         const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
         for (int i = tid; i < M*n; i += gridDim.x*MK_THREADS) {
             xc[i] = a.embd[i]*md.embd_scale;
@@ -1725,6 +1833,12 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
         };
     };
 
+    if (DRAFT) {
+        mk_draft_inputs(*da, j);
+        begin(mk_mv_draft_pre(md.n_layer));
+        mk_grid_sync(a, MK_PH_EMBD);
+        run(plain(da->xh, 2*da->n_embd_bb));
+    }
     if (ple) {
         begin(0);
         mk_grid_sync(a, MK_PH_EMBD);
@@ -1812,7 +1926,30 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
     // LM head of rmsnorm(x) * output_norm after the last residual, final softcap; its inputs also to a.h_out when the
     // host wants the hidden states (an MTP draft's)
     run([&]() { return xin_res(md.output_norm, a.h_out); });
+    if (DRAFT) {
+        // h_next = post*n (n: the LM head's inputs, a.h_out), the draft = the argmax of the logits
+        begin(mk_mv_draft_post(md.n_layer, j));
+        mk_grid_sync(a, MK_PH_LM_HEAD);
+        run(plain(a.h_out, n));
+        mk_draft_pick(a, *da, j);
+        mk_grid_sync(a, MK_PH_LM_HEAD);
+        return;
+    }
     if (a.prof) {
         mk_grid_sync(a, MK_PH_LM_HEAD);
     }
 }
+
+MK_KERNEL mk_decode_kernel(const mk_args ka) {
+    mk_step<false>(ka, nullptr, 0);
+}
+
+#ifdef GGML_MK_DRAFT_KERNEL
+// (built where a backend launches it: the host emulation for now, its host side in mk.cu is the next step; a module
+// that carries it gets other code for the shared phases from clang, so the decode kernel's build stays without it)
+MK_KERNEL mk_draft_kernel(const mk_args ka, const mk_draft_args * da) {
+    for (int j = 0; j < da->k; ++j) {
+        mk_step<true>(ka, da, j);
+    }
+}
+#endif
