@@ -7,7 +7,8 @@ draft-mtp does: k one-token batches at one position, each fed the previous argma
 reference (tests/mk_hostemu/mk_draft_ref.h) reading the plan megakernel/llama-mk.cpp derives (llama_mk_draft_init,
 llama_mk_draft_inputs: weights in their GGUF types, each assistant layer's view of its target cache, llama.cpp's
 masks). The draft tokens must be identical (a divergence passes only at a near tie of the reference's logits), the
-logits and h_next close (NMSE), and each assistant layer must read the cache llama.cpp's share map gives it.
+logits and h_next close (NMSE), and each assistant layer must read the cache llama.cpp's share map gives it; also with
+two sequences in their own KV streams (--np 2).
 Planted bugs in the reference (h at the wrong scale, no sliding window, h_next before the final norm) must fail.
 """
 
@@ -68,6 +69,18 @@ def test_draft_reference_matches_llama_cpp_assistant(tmp_path, cpu_build, synth_
     # every state's k steps compared: no divergence at all on this pair (the reference's margins are large)
     assert int(m.group(2)) == int(m.group(3)) == 40*k, r.stdout
     assert re.search(r"^OK logits and h_next while the tokens agree", r.stdout, re.M), r.stdout
+
+
+def test_draft_reference_two_sequences(tmp_path, cpu_build, synth_pair):
+    """-np 2 without a unified cache: two sequences in their own KV streams, decoded and drafted in turn; the plan's
+    views of sequence 1 are its stream's (llama_mk_draft_inputs), the masks its own."""
+    exe = _build(tmp_path, cpu_build)
+    r = _run(exe, synth_pair, "-n", "40", "-k", "4", "--np", "2")
+    print("\n".join(x for x in r.stdout.splitlines() if not x.startswith("state ")))
+    assert r.returncode == 0 and "test-mk-draft: passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
+    assert re.search(r"^OK assistant layer 0 reads target layer 4's cache: .* \(sequence 1, stream 1\)", r.stdout, re.M), r.stdout
+    m = re.search(r"^OK draft tokens, 40 states x k=4 \(2 sequence\(s\).*: (\d+) of (\d+) compared steps identical", r.stdout, re.M)
+    assert m and int(m.group(1)) == int(m.group(2)) == 2*40*4, r.stdout
 
 
 # planted bugs in the reference: each must fail (FAIL lines, exit 1)

@@ -1,10 +1,11 @@
 // test-mk-draft: the fused MTP draft's plan and its float64 reference against llama.cpp's own gemma4-assistant graph.
 //
-//   test-mk-draft -m TARGET.gguf -md ASSISTANT.gguf [-p PROMPT] [-n STATES] [-k K] [-c N_CTX] [--fa 0|1]
+//   test-mk-draft -m TARGET.gguf -md ASSISTANT.gguf [-p PROMPT] [-n STATES] [-k K] [-c N_CTX] [--fa 0|1] [--np N]
 //                 [--max-nmse X] [--max-nmse-h Y] [--max-margin M]
 //
 // On the CPU (every weight and cache in host memory), for STATES live decode states of the target (greedy decoding
-// after the prompt, one token per state, so the states walk across the sliding window):
+// after the prompt, one token per state, so the states walk across the sliding window); --np N: N sequences, each in
+// its own KV stream (-np N without a unified cache), decoded and drafted in turn:
 //  1. llama.cpp drafts k tokens exactly as common/speculative.cpp's draft-mtp does for a shared-KV assistant: k
 //     one-token batches of the assistant's context at the same position pos0, the first with the last sampled token and
 //     the target's hidden row of the token before, each next one with the previous draft (argmax of its logits) and its
@@ -61,6 +62,29 @@ static double nmse_fd(const float * x, const std::vector<double> & r) {
     return std::isfinite(v) ? v : INFINITY;
 }
 
+// the target decodes n tokens of sequence seq at positions pos0..; lo, h: the last token's logits and hidden row
+static bool decode_seq(llama_context * ctx, const llama_token * t, int n, int pos0, int seq, std::vector<float> & lo,
+                       std::vector<float> & h) {
+    llama_batch b = llama_batch_init(n, 0, 1);
+    b.n_tokens = n;
+    for (int i = 0; i < n; ++i) {
+        b.token[i]     = t[i];
+        b.pos[i]       = pos0 + i;
+        b.n_seq_id[i]  = 1;
+        b.seq_id[i][0] = seq;
+        b.logits[i]    = i == n - 1;
+    }
+    const bool ok = llama_decode(ctx, b) == 0;
+    llama_batch_free(b);
+    if (ok) {
+        const float * l = llama_get_logits_ith(ctx, n - 1);
+        const float * e = llama_get_embeddings_nextn_ith(ctx, n - 1);
+        lo.assign(l, l + lo.size());
+        h.assign(e, e + h.size());
+    }
+    return ok;
+}
+
 static void die(const char * what) {
     fprintf(stderr, "test-mk-draft: %s\n", what);
     exit(2);
@@ -69,7 +93,7 @@ static void die(const char * what) {
 int main(int argc, char ** argv) {
     std::string path_tgt, path_dft;
     std::string prompt = "The quick brown fox jumps over the lazy dog. Once upon a time";
-    int n_states = 40, k = 4, n_ctx = 512, fa = 0;
+    int n_states = 40, k = 4, n_ctx = 512, fa = 0, n_seq = 1;
     double max_nmse = 1e-3, max_nmse_h = 1e-5, max_margin = 1e-2;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -86,6 +110,7 @@ int main(int argc, char ** argv) {
         else if (a == "-k")           k = atoi(next());
         else if (a == "-c")           n_ctx = atoi(next());
         else if (a == "--fa")         fa = atoi(next());
+        else if (a == "--np")         n_seq = atoi(next());
         else if (a == "--max-nmse")   max_nmse = atof(next());
         else if (a == "--max-nmse-h") max_nmse_h = atof(next());
         else if (a == "--max-margin") max_margin = atof(next());
@@ -110,7 +135,8 @@ int main(int argc, char ** argv) {
     cp.n_ctx           = n_ctx;
     cp.n_batch         = 512;
     cp.n_ubatch        = 512;
-    cp.n_seq_max       = 1;
+    cp.n_seq_max       = n_seq;
+    cp.kv_unified      = false;   // one KV stream per sequence
     cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     llama_context * ctx_tgt = llama_init_from_model(m_tgt, cp);
     llama_context_params cpd = cp;
@@ -140,27 +166,33 @@ int main(int argc, char ** argv) {
     }
 
     const llama_vocab * vocab = llama_model_get_vocab(m_tgt);
-    std::vector<llama_token> tok(prompt.size() + 16);
-    const int n_prompt = llama_tokenize(vocab, prompt.c_str(), (int) prompt.size(), tok.data(), (int) tok.size(), true, false);
-    if (n_prompt <= 0) {
-        die("cannot tokenize the prompt");
-    }
-    tok.resize(n_prompt);
-    if (llama_decode(ctx_tgt, llama_batch_get_one(tok.data(), n_prompt)) != 0) {
-        die("prompt decode failed");
-    }
     const int n_vocab = p.n_vocab;
     const int n_embd_bb = p.n_embd_bb;
+    // every sequence's prompt (sequence i > 0: the prompt with i words in front) and its state
+    std::vector<int> pos(n_seq), n_prompt(n_seq);
+    std::vector<std::vector<float>> lo_t(n_seq, std::vector<float>(llama_vocab_n_tokens(vocab))), h_t(n_seq, std::vector<float>(n_embd_bb));
+    for (int q = 0; q < n_seq; ++q) {
+        std::string text = prompt;
+        for (int i = 0; i < q; ++i) {
+            text = "Then " + text;
+        }
+        std::vector<llama_token> tok(text.size() + 16);
+        n_prompt[q] = llama_tokenize(vocab, text.c_str(), (int) text.size(), tok.data(), (int) tok.size(), true, false);
+        if (n_prompt[q] <= 0 || !decode_seq(ctx_tgt, tok.data(), n_prompt[q], 0, q, lo_t[q], h_t[q])) {
+            die("cannot tokenize or decode the prompt");
+        }
+        pos[q] = n_prompt[q];
+    }
 
     llama_batch_ext * bd = llama_batch_ext_init(ctx_dft);
     mk_draft_ref::weights W;
     int fails = 0, n_steps = 0, n_same = 0, n_div = 0, n_div_bad = 0, map_bad = 0;
     double worst_lo = 0, worst_h = 0, min_margin_same = INFINITY;
-    int last_row = n_prompt - 1;   // the target's last batch row: its logits and hidden row
-    int pos0 = n_prompt;
     for (int s = 0; s < n_states; ++s) {
-        const llama_token id_last = argmax_f(llama_get_logits_ith(ctx_tgt, last_row), llama_vocab_n_tokens(vocab));
-        std::vector<float> h0(llama_get_embeddings_nextn_ith(ctx_tgt, last_row), llama_get_embeddings_nextn_ith(ctx_tgt, last_row) + n_embd_bb);
+      for (int q = 0; q < n_seq; ++q) {
+        int pos0 = pos[q];
+        const llama_token id_last = argmax_f(lo_t[q].data(), (int) lo_t[q].size());
+        const std::vector<float> h0 = h_t[q];
 
         // 1. llama.cpp's drafts
         std::vector<int> ids;
@@ -169,7 +201,7 @@ int main(int argc, char ** argv) {
         llama_token t = id_last;
         for (int j = 0; j < k; ++j) {
             llama_batch_ext_clear(bd);
-            const int32_t idx = llama_batch_ext_add_token(bd, 0, t);
+            const int32_t idx = llama_batch_ext_add_token(bd, q, t);
             llama_batch_ext_set_pos(bd, idx, &pos0);
             llama_batch_ext_set_embd_token(bd, idx, { h.data(), 1, (size_t) n_embd_bb });
             llama_batch_ext_set_output_logits(bd, idx, true);
@@ -187,7 +219,7 @@ int main(int argc, char ** argv) {
 
         // 2. the plan's inputs and the float64 reference
         ggml_mk_draft_step st = {};
-        if (!llama_mk_draft_inputs(d.get(), llama_get_memory(ctx_dft), 0, pos0, st)) {
+        if (!llama_mk_draft_inputs(d.get(), llama_get_memory(ctx_dft), q, pos0, st)) {
             die("llama_mk_draft_inputs failed");
         }
         st.k = k;
@@ -201,15 +233,15 @@ int main(int argc, char ** argv) {
             for (int il = 0; il < p.n_layer; ++il) {
                 const llama_kv_cache * kv = p.layers[il].is_swa ? iswa->get_swa() : iswa->get_base();
                 llama_kv_cache::slot_info si;
-                si.s0 = si.s1 = kv->get_stream(0);
+                si.s0 = si.s1 = kv->get_stream(q);
                 si.strm = { (llama_seq_id) si.s0 };
                 si.idxs = { { 0 } };
                 const void * k_ll = kv->get_k(cv, il, kv->get_size(), si)->data;
                 const void * v_ll = kv->get_v(cv, il, kv->get_size(), si)->data;
                 const bool ok = k_ll == st.kv[il].k && v_ll == st.kv[il].v;
                 map_bad += !ok;
-                printf("%s assistant layer %d reads target layer %d's cache: the plan's K/V views %s llama.cpp's\n", ok ? "OK" : "FAIL",
-                       il, p.layers[il].kv_layer, ok ? "==" : "!=");
+                printf("%s assistant layer %d reads target layer %d's cache: the plan's K/V views %s llama.cpp's (sequence %d, "
+                       "stream %u)\n", ok ? "OK" : "FAIL", il, p.layers[il].kv_layer, ok ? "==" : "!=", q, si.s0);
             }
             ggml_free(cv);
         }
@@ -224,15 +256,16 @@ int main(int argc, char ** argv) {
             worst_lo = std::max(worst_lo, e_lo);
             worst_h  = std::max(worst_h, e_h);
             if (!(e_lo <= max_nmse) || !(e_h <= max_nmse_h)) {
-                printf("FAIL state %d (pos %d) step %d: NMSE vs float64 logits %.3g, h_next %.3g\n", s, pos0, j, e_lo, e_h);
+                printf("FAIL sequence %d state %d (pos %d) step %d: NMSE vs float64 logits %.3g, h_next %.3g\n", q, s, pos0, j,
+                       e_lo, e_h);
                 ++fails;
             }
             if (ids[j] != r.tokens[j]) {
                 ++n_div;
                 const bool near_tie = r.margin[j] < max_margin;
                 n_div_bad += !near_tie;
-                printf("%s state %d (pos %d) step %d: llama.cpp drafts %d, the reference %d; reference margin %.3g, "
-                       "llama.cpp's %.3g, %d steps left uncompared\n", near_tie ? "near tie" : "FAIL", s, pos0, j, ids[j],
+                printf("%s sequence %d state %d (pos %d) step %d: llama.cpp drafts %d, the reference %d; reference margin %.3g, "
+                       "llama.cpp's %.3g, %d steps left uncompared\n", near_tie ? "near tie" : "FAIL", q, s, pos0, j, ids[j],
                        r.tokens[j], r.margin[j], margin_f(lo_ll[j].data(), n_vocab), k - 1 - j);
                 break;
             }
@@ -241,7 +274,7 @@ int main(int argc, char ** argv) {
         }
         n_same += same;
         if (s < 3 || s == n_states - 1) {
-            printf("state %d (pos %d, token %d): llama.cpp drafts", s, pos0, id_last);
+            printf("state %d (sequence %d, pos %d, token %d): llama.cpp drafts", s, q, pos0, id_last);
             for (int j = 0; j < k; ++j) printf(" %d", ids[j]);
             printf("; reference");
             for (int j = 0; j < k; ++j) printf(" %d", r.tokens[j]);
@@ -249,19 +282,18 @@ int main(int argc, char ** argv) {
         }
 
         // the target takes the token (a live decode state: greedy, one step)
-        llama_token next = id_last;
-        if (llama_decode(ctx_tgt, llama_batch_get_one(&next, 1)) != 0) {
+        if (!decode_seq(ctx_tgt, &id_last, 1, pos0, q, lo_t[q], h_t[q])) {
             die("target decode failed");
         }
-        last_row = 0;
-        ++pos0;
+        pos[q] = pos0 + 1;
+      }
     }
     llama_batch_ext_free(bd);
 
-    printf("%s draft tokens, %d states x k=%d (positions %d..%d, window crossed): %d of %d compared steps identical, %d "
-           "divergences (%d not near ties, margin bound %.3g); smallest reference margin where they agree %.3g\n",
-           n_div_bad ? "FAIL" : "OK", n_states, k, n_prompt, pos0 - 1, n_same, n_same + n_div, n_div, n_div_bad, max_margin,
-           min_margin_same);
+    printf("%s draft tokens, %d states x k=%d (%d sequence(s); positions %d..%d of sequence 0, window crossed): %d of %d "
+           "compared steps identical, %d divergences (%d not near ties, margin bound %.3g); smallest reference margin where "
+           "they agree %.3g\n", n_div_bad ? "FAIL" : "OK", n_states, k, n_seq, n_prompt[0], pos[0] - 1, n_same,
+           n_same + n_div, n_div, n_div_bad, max_margin, min_margin_same);
     printf("%s logits and h_next while the tokens agree: worst NMSE vs float64 %.3g (logits, bound %.3g), %.3g (h_next, "
            "bound %.3g)\n", fails ? "FAIL" : "OK", worst_lo, max_nmse, worst_h, max_nmse_h);
     fails += n_div_bad + map_bad;
