@@ -1694,10 +1694,10 @@ MK_DEVICE_FN void mk_draft_inputs(const mk_draft_args & da, int j) {
     const uint8_t * row = (const uint8_t *) da.tok_embd.data + (size_t) t*da.tok_embd.nb1;
     const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
     for (int g = tid; g < nb/32; g += gridDim.x*MK_THREADS) {
-        float w[32];
-        mk_deq32(row, da.tok_embd.type, g, 32, w);
+        float * x = da.xh + 32*g;   // (decoded in place: no local array)
+        mk_deq32(row, da.tok_embd.type, g, 32, x);
         for (int i = 0; i < 32; ++i) {
-            da.xh[32*g + i] = w[i]*da.embd_scale;
+            x[i] *= da.embd_scale;
         }
     }
     for (int i = tid; i < nb; i += gridDim.x*MK_THREADS) {
