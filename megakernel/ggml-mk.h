@@ -185,34 +185,6 @@ typedef void * (*ggml_backend_mk_create_t)(const struct ggml_mk_model * model, c
 typedef int    (*ggml_backend_mk_eval_t)(void * mk, const struct ggml_mk_step * step, float * logits);
 typedef void   (*ggml_backend_mk_free_t)(void * mk);
 
-struct ggml_mk_draft_layer {
-    int32_t n_head;
-    int32_t n_head_kv;    // of the target cache it reads (llama.cpp views it with the assistant's hparams: they agree)
-    int32_t head_dim;
-    int32_t n_rot;
-    int32_t n_ff;
-    int32_t is_swa;       // 1: reads the sliding-window cache (slot 1 of the step's masks), with its mask
-    int32_t kv_layer;     // the target layer whose K/V cache it reads: llama.cpp's share map (src/llama-model.cpp,
-                          // LLM_ARCH_GEMMA4_ASSISTANT) gives n_layer_target - 2 to sliding-window layers and
-                          // n_layer_target - 1 to global ones, resolved through the target cache's own layer map
-                          // (a shared-KV target layer reads its source layer's tensors)
-    int32_t pad0;
-    float   rope_base;
-    float   rope_scale;   // ggml's freq_scale
-    float   out_scale;    // layer_output_scale
-    float   pad1;
-    const float * rope_freqs;   // NULL or n_rot/2 frequency factors (global layers)
-
-    struct ggml_mk_weight wq, wo;
-    struct ggml_mk_weight ffn_gate, ffn_up, ffn_down;
-
-    const float * attn_norm;
-    const float * q_norm;
-    const float * attn_post_norm;
-    const float * ffn_norm;
-    const float * ffn_post_norm;
-};
-
 struct ggml_mk_draft {
     int32_t version;        // GGML_MK_DRAFT_VERSION
     int32_t device;         // backend device index
@@ -238,7 +210,13 @@ struct ggml_mk_draft {
     struct ggml_mk_weight output;     // LM head [n_embd -> n_vocab] (the assistant's token_embd, tied)
     const float * output_norm;
 
-    struct ggml_mk_draft_layer layers[GGML_MK_DRAFT_MAX_LAYERS];
+    // the assistant's layers in the megakernel's terms: has_kv = 0 (no K/V of their own: wk, wv, k_norm absent; they
+    // read the step's views), n_head_kv = the target cache's, q_scale 1, no per-layer inputs (pl_*), v_norm unused
+    struct ggml_mk_layer layers[GGML_MK_DRAFT_MAX_LAYERS];
+    // the target layer whose K/V cache each layer reads: llama.cpp's share map (src/llama-model.cpp,
+    // LLM_ARCH_GEMMA4_ASSISTANT) gives n_layer_target - 2 to sliding-window layers and n_layer_target - 1 to global
+    // ones, resolved through the target cache's own layer map (a shared-KV target layer reads its source's tensors)
+    int32_t kv_layer[GGML_MK_DRAFT_MAX_LAYERS];
 };
 
 // one launch: k draft steps from (token, h) at position pos
@@ -264,9 +242,9 @@ typedef int    (*ggml_backend_mk_draft_eval_t)(void * mkd, const struct ggml_mk_
 typedef void   (*ggml_backend_mk_draft_free_t)(void * mkd);
 
 // the assistant's layers and LM head as a megakernel plan: a draft step IS a decode step of this model with
-//  - Gemma 4 layers that have no K/V of their own (has_kv = 0: they read the views the step gives them, the target's
-//    caches, as the target's shared-KV layers do), no per-layer inputs (n_embd_pl = 0: out_scale then scales the FFN
-//    residual, as the assistant does), no softcap, Q scale 1;
+//  - the draft's layers (has_kv = 0: they read the views the step gives them, the target's caches, as the target's
+//    shared-KV layers do), no per-layer inputs (n_embd_pl = 0: out_scale then scales the FFN residual, as the
+//    assistant does), no softcap;
 //  - as its residual stream's start the pre-projected inputs pre*concat(x, h) (no embedding rows: embd_scale unused), and
 //    as its hidden rows (h_out) the LM head's input n, from which h_next = post*n.
 // So the layer phases of a megakernel serve the draft unchanged; the fused draft adds the pre- and post-projections,
@@ -290,30 +268,8 @@ static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, int32_t n
     m->output      = d->output;
     m->output_norm = d->output_norm;
     for (int il = 0; il < d->n_layer; ++il) {
-        const struct ggml_mk_draft_layer * s = &d->layers[il];
-        struct ggml_mk_layer * L = &m->layers[il];
-        L->n_head         = s->n_head;
-        L->n_head_kv      = s->n_head_kv;
-        L->head_dim       = s->head_dim;
-        L->n_rot          = s->n_rot;
-        L->n_ff           = s->n_ff;
-        L->is_swa         = s->is_swa;
-        L->rope_base      = s->rope_base;
-        L->rope_scale     = s->rope_scale;
-        L->q_scale        = 1.0f;
-        L->out_scale      = s->out_scale;
-        L->rope_freqs     = s->rope_freqs;
-        L->wq             = s->wq;
-        L->wo             = s->wo;
-        L->ffn_gate       = s->ffn_gate;
-        L->ffn_up         = s->ffn_up;
-        L->ffn_down       = s->ffn_down;
-        L->attn_norm      = s->attn_norm;
-        L->q_norm         = s->q_norm;
-        L->attn_post_norm = s->attn_post_norm;
-        L->ffn_norm       = s->ffn_norm;
-        L->ffn_post_norm  = s->ffn_post_norm;
-        m->max_head_dim   = s->head_dim > m->max_head_dim ? s->head_dim : m->max_head_dim;
+        m->layers[il]   = d->layers[il];
+        m->max_head_dim = d->layers[il].head_dim > m->max_head_dim ? d->layers[il].head_dim : m->max_head_dim;
     }
     m->max_q  = d->max_q;
     m->max_ff = d->max_ff;

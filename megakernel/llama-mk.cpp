@@ -26,7 +26,26 @@
 #include <string>
 #include <vector>
 
-struct llama_mk {
+// host staging of a step: mask and index tensors in a host buffer, views of llama.cpp's caches
+struct llama_mk_staging {
+    ggml_context         * ctx_host = nullptr;
+    ggml_backend_buffer_t  buf_host = nullptr;
+    ggml_context         * ctx_views = nullptr;
+
+    ~llama_mk_staging() {
+        if (buf_host) {
+            ggml_backend_buffer_free(buf_host);
+        }
+        if (ctx_host) {
+            ggml_free(ctx_host);
+        }
+        if (ctx_views) {
+            ggml_free(ctx_views);
+        }
+    }
+};
+
+struct llama_mk : llama_mk_staging {
     const llama_model   * model = nullptr;
     ggml_backend_mk_eval_t eval = nullptr;
     ggml_backend_mk_free_t free_fn = nullptr;
@@ -41,14 +60,11 @@ struct llama_mk {
     std::vector<float>     pl_embd;  // [n_tokens][n_embd_pl*n_layer]
     std::vector<uint8_t>   row_buf;
     std::vector<float>     mask_cat[GGML_MK_N_CACHES];   // masks over the streams of a batch laid end to end
-    ggml_context         * ctx_host = nullptr;   // mask + idx tensors in a host buffer
-    ggml_backend_buffer_t  buf_host = nullptr;
     uint32_t               host_n_kv[GGML_MK_N_CACHES] = {0, 0};
     uint32_t               host_n_tokens = 0;
     uint32_t               host_n_stream = 0;
     ggml_tensor          * t_mask[GGML_MK_N_CACHES] = {nullptr, nullptr};
     ggml_tensor          * t_idx [GGML_MK_N_CACHES] = {nullptr, nullptr};
-    ggml_context         * ctx_views = nullptr;
 
     std::set<std::string>  said;     // reasons already logged
     bool                   said_streams = false;
@@ -67,15 +83,6 @@ struct llama_mk {
         }
         if (backend_mk && free_fn) {
             free_fn(backend_mk);
-        }
-        if (buf_host) {
-            ggml_backend_buffer_free(buf_host);
-        }
-        if (ctx_host) {
-            ggml_free(ctx_host);
-        }
-        if (ctx_views) {
-            ggml_free(ctx_views);
         }
     }
 };
@@ -694,29 +701,13 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
 
 // ---- the fused MTP draft ----------------------------------------------------------------------
 
-struct llama_mk_draft {
+struct llama_mk_draft : llama_mk_staging {
     const llama_model     * model     = nullptr;   // the assistant
     const llama_model     * model_tgt = nullptr;
     llama_context         * ctx_tgt   = nullptr;
     ggml_mk_draft           plan      = {};
 
-    // host staging: the query's mask row in each cache, views of the target's caches
-    ggml_context          * ctx_host  = nullptr;
-    ggml_backend_buffer_t   buf_host  = nullptr;
-    ggml_tensor           * t_mask[GGML_MK_N_CACHES] = {nullptr, nullptr};
-    ggml_context          * ctx_views = nullptr;
-
-    ~llama_mk_draft() {
-        if (buf_host) {
-            ggml_backend_buffer_free(buf_host);
-        }
-        if (ctx_host) {
-            ggml_free(ctx_host);
-        }
-        if (ctx_views) {
-            ggml_free(ctx_views);
-        }
-    }
+    ggml_tensor           * t_mask[GGML_MK_N_CACHES] = {nullptr, nullptr};   // the query's mask row in each cache
 };
 
 void llama_mk_draft_deleter::operator()(llama_mk_draft * d) const {
@@ -810,7 +801,7 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
     const int32_t n_layer_tgt = (int32_t) hpt.n_layer();
     for (int il = 0; il < n_layer && b.why.empty(); ++il) {
         const auto & l = model.layers[il];
-        ggml_mk_draft_layer & L = p.layers[il];
+        ggml_mk_layer & L = p.layers[il];
         const std::string at = " of assistant layer " + std::to_string(il);
 
         L.n_head    = (int32_t) hp.n_head(il);
@@ -819,14 +810,17 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
         L.n_rot     = (int32_t) hp.n_rot(il);
         L.n_ff      = (int32_t) hp.n_ff(il);
         L.is_swa    = hp.is_swa(il) ? 1 : 0;
-        L.kv_layer  = n_layer_tgt - (L.is_swa ? 2 : 1);
+        L.has_kv    = 0;   // (it reads the target's cache of layer kv_layer)
         L.rope_base = model.get_rope_freq_base(cparams, il);
         L.rope_scale= model.get_rope_freq_scale(cparams, il);
+        L.q_scale   = 1.0f;
         L.out_scale = 1.0f;
+        const int32_t kvl = n_layer_tgt - (L.is_swa ? 2 : 1);
+        p.kv_layer[il] = kvl;
 
-        if (L.kv_layer < 0 || hpt.is_swa(L.kv_layer) != hp.is_swa(il) || hpt.n_embd_head_k(L.kv_layer) != (uint32_t) L.head_dim ||
-            hpt.n_head_kv(L.kv_layer) != (uint32_t) L.n_head_kv) {
-            b.why = "assistant layer " + std::to_string(il) + " does not match the target layer " + std::to_string(L.kv_layer) +
+        if (kvl < 0 || hpt.is_swa(kvl) != hp.is_swa(il) || hpt.n_embd_head_k(kvl) != (uint32_t) L.head_dim ||
+            hpt.n_head_kv(kvl) != (uint32_t) L.n_head_kv) {
+            b.why = "assistant layer " + std::to_string(il) + " does not match the target layer " + std::to_string(kvl) +
                     " whose cache it reads (window kind, head size or KV heads)";
             break;
         }
@@ -928,14 +922,13 @@ bool llama_mk_draft_inputs(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t
     // each assistant layer's view of its target layer's cache, in the sequence's stream
     ggml_reset(d->ctx_views);
     for (int il = 0; il < p.n_layer; ++il) {
-        const ggml_mk_draft_layer & L = p.layers[il];
-        const llama_kv_cache * kv = kv_tgt[L.is_swa ? 1 : 0];
+        const llama_kv_cache * kv = kv_tgt[p.layers[il].is_swa ? 1 : 0];
         llama_kv_cache::slot_info si;
         si.s0 = si.s1 = kv->get_stream(seq);
         si.strm = { (llama_seq_id) si.s0 };
         si.idxs = { { 0 } };
-        st.kv[il] = llama_mk_kv_view_of(kv->get_k(d->ctx_views, L.kv_layer, kv->get_size(), si),
-                                        kv->get_v(d->ctx_views, L.kv_layer, kv->get_size(), si));
+        st.kv[il] = llama_mk_kv_view_of(kv->get_k(d->ctx_views, p.kv_layer[il], kv->get_size(), si),
+                                        kv->get_v(d->ctx_views, p.kv_layer[il], kv->get_size(), si));
     }
     st.pos = pos;
     return true;

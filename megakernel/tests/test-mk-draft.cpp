@@ -159,9 +159,9 @@ int main(int argc, char ** argv) {
     printf("draft plan: %d layers, n_embd %d, target n_embd %d, n_vocab %d; the target's token_embd %s (%s)\n", p.n_layer,
            p.n_embd, p.n_embd_bb, p.n_vocab, ggml_type_name((ggml_type) p.tok_embd.type), p.tok_embd_host ? "host memory" : "device");
     for (int il = 0; il < p.n_layer; ++il) {
-        const ggml_mk_draft_layer & L = p.layers[il];
+        const ggml_mk_layer & L = p.layers[il];
         printf("  layer %d: %s, %d heads x %d (KV heads %d), n_ff %d, reads the cache of target layer %d; wq %s, ffn_down %s\n",
-               il, L.is_swa ? "sliding window" : "global", L.n_head, L.head_dim, L.n_head_kv, L.n_ff, L.kv_layer,
+               il, L.is_swa ? "sliding window" : "global", L.n_head, L.head_dim, L.n_head_kv, L.n_ff, p.kv_layer[il],
                ggml_type_name((ggml_type) L.wq.type), ggml_type_name((ggml_type) L.ffn_down.type));
     }
 
@@ -241,7 +241,7 @@ int main(int argc, char ** argv) {
                 const bool ok = k_ll == st.kv[il].k && v_ll == st.kv[il].v;
                 map_bad += !ok;
                 printf("%s assistant layer %d reads target layer %d's cache: the plan's K/V views %s llama.cpp's (sequence %d, "
-                       "stream %u)\n", ok ? "OK" : "FAIL", il, p.layers[il].kv_layer, ok ? "==" : "!=", q, si.s0);
+                       "stream %u)\n", ok ? "OK" : "FAIL", il, p.kv_layer[il], ok ? "==" : "!=", q, si.s0);
             }
             ggml_free(cv);
         }

@@ -71,9 +71,9 @@ int main(int argc, char ** argv) {
         { GGML_TYPE_Q5_0, GGML_TYPE_F32,  GGML_TYPE_BF16, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K },
     };
     for (int il = 0; il < n_layer; ++il) {
-        ggml_mk_draft_layer & L = d.layers[il];
+        ggml_mk_layer & L = d.layers[il];
         L.n_head = 2; L.n_head_kv = 1; L.head_dim = hd[il]; L.n_rot = hd[il]; L.n_ff = n_ff; L.is_swa = il == 0;
-        L.kv_layer = il; L.rope_base = il == 0 ? 10000.0f : 1e6f; L.rope_scale = 1.0f; L.out_scale = il == 0 ? 0.8f : 1.25f;   // (the last layer's is invisible: the final norm undoes it)
+        L.q_scale = 1.0f; d.kv_layer[il] = il; L.rope_base = il == 0 ? 10000.0f : 1e6f; L.rope_scale = 1.0f; L.out_scale = il == 0 ? 0.8f : 1.25f;   // (the last layer's is invisible: the final norm undoes it)
         L.rope_freqs = il == 0 ? nullptr : rope_ff.data();
         L.wq = Wt(ty[il][0], n_embd, L.n_head*L.head_dim); L.wo = Wt(ty[il][1], L.n_head*L.head_dim, n_embd);
         L.ffn_gate = Wt(ty[il][2], n_embd, n_ff); L.ffn_up = Wt(ty[il][3], n_embd, n_ff); L.ffn_down = Wt(ty[il][4], n_ff, n_embd);

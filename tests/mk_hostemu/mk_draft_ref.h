@@ -83,7 +83,7 @@ static void step(weights & W, const ggml_mk_draft & p, const ggml_mk_draft_step 
     vd cur = W.mv(p.pre, xh);
 
     for (int il = 0; il < p.n_layer; ++il) {
-        const ggml_mk_draft_layer & L = p.layers[il];
+        const ggml_mk_layer & L = p.layers[il];
         const ggml_mk_kv_view & kv = st.kv[il];
         const int c = L.is_swa ? 1 : 0;
         const int hd = L.head_dim;
