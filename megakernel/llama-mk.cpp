@@ -219,6 +219,55 @@ struct llama_mk_builder {
     }
 };
 
+// what a layer's plan has in common for a gemma3/gemma4 target and a gemma4 assistant: shapes, rope, the norms, Q/O
+// and FFN weights, rope_freqs (Gemma 4 global layers), the output scale; kind names the layer in the reasons. false (and
+// b.why) when the megakernel cannot run it. K/V, per-layer inputs and Q scale are the caller's
+static bool llama_mk_layer_plan(llama_mk_builder & b, const llama_model & model, const llama_cparams & cparams, int il,
+                                const char * kind, ggml_mk_layer & L) {
+    const auto & hp = model.hparams;
+    const auto & l  = model.layers[il];
+    const std::string at = std::string(" of ") + kind + " " + std::to_string(il);
+
+    L.n_head    = (int32_t) hp.n_head(il);
+    L.n_head_kv = (int32_t) hp.n_head_kv(il);
+    L.head_dim  = (int32_t) hp.n_embd_head_k(il);
+    L.n_rot     = (int32_t) hp.n_rot(il);
+    L.n_ff      = (int32_t) hp.n_ff(il);
+    L.is_swa    = hp.is_swa(il) ? 1 : 0;
+    L.rope_base = model.get_rope_freq_base(cparams, il);
+    L.rope_scale= model.get_rope_freq_scale(cparams, il);
+    L.out_scale = 1.0f;
+
+    if (L.head_dim > GGML_MK_MAX_HEAD_DIM || L.head_dim % 32 != 0 || L.head_dim < 32 || L.n_rot > L.head_dim || L.n_rot % 2 != 0 ||
+        L.n_head_kv <= 0 || L.n_head % L.n_head_kv != 0 || hp.n_embd_head_v(il) != (uint32_t) L.head_dim) {
+        b.why = std::string(kind) + " " + std::to_string(il) + " has a head layout the megakernel does not handle";
+        return false;
+    }
+
+    L.attn_norm      = b.vec(l.attn_norm,      ("attn_norm" + at).c_str(), hp.n_embd);
+    L.q_norm         = b.vec(l.attn_q_norm,    ("attn_q_norm" + at).c_str(), L.head_dim);
+    L.attn_post_norm = b.vec(l.attn_post_norm, ("post_attention_norm" + at).c_str(), hp.n_embd);
+    L.ffn_norm       = b.vec(l.ffn_norm,       ("ffn_norm" + at).c_str(), hp.n_embd);
+    L.ffn_post_norm  = b.vec(l.ffn_post_norm,  ("post_ffw_norm" + at).c_str(), hp.n_embd);
+
+    L.wq       = b.weight(l.wq,       ("attn_q" + at).c_str());
+    L.wo       = b.weight(l.wo,       ("attn_output" + at).c_str());
+    L.ffn_gate = b.weight(l.ffn_gate, ("ffn_gate" + at).c_str());
+    L.ffn_up   = b.weight(l.ffn_up,   ("ffn_up" + at).c_str());
+    L.ffn_down = b.weight(l.ffn_down, ("ffn_down" + at).c_str());
+    if (model.arch != LLM_ARCH_GEMMA3 && !L.is_swa) {
+        L.rope_freqs = b.vec(l.rope_freqs, ("rope_freqs" + at).c_str(), L.n_rot/2, true);
+    }
+    if (l.out_scale) {
+        if (l.out_scale->type != GGML_TYPE_F32 || ggml_nelements(l.out_scale) != 1) {
+            b.why = "layer_output_scale" + at + " is not one F32 value";
+            return false;
+        }
+        ggml_backend_tensor_get(l.out_scale, &L.out_scale, 0, sizeof(float));
+    }
+    return b.why.empty();
+}
+
 llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cparams) {
     // on by default where the backend has measured it faster than its graph (CUDA on Hopper: NOTES.md, session 10);
     // LLAMA_MEGAKERNEL=1 asks for it on any device, 0 keeps the graph
@@ -307,56 +356,22 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
             b.why = "layer " + std::to_string(il) + " has a fused QKV, MoE experts or weight scales";
             break;
         }
-        L.n_head    = (int32_t) hp.n_head(il);
-        L.n_head_kv = (int32_t) hp.n_head_kv(il);
-        L.head_dim  = (int32_t) hp.n_embd_head_k(il);
-        L.n_rot     = (int32_t) hp.n_rot(il);
-        L.n_ff      = (int32_t) hp.n_ff(il);
-        L.is_swa    = hp.is_swa(il) ? 1 : 0;
-        L.has_kv    = hp.has_kv(il) ? 1 : 0;
-        L.v_norm    = is_g4 ? 1 : 0;
-        L.rope_base = model.get_rope_freq_base(cparams, il);
-        L.rope_scale= model.get_rope_freq_scale(cparams, il);
-        L.q_scale   = is_g4 ? 1.0f : hp.f_attention_scale;
-        L.out_scale = 1.0f;
-
-        if (L.head_dim > GGML_MK_MAX_HEAD_DIM || L.head_dim % 32 != 0 || L.head_dim < 32 || L.n_rot > L.head_dim || L.n_rot % 2 != 0 ||
-            L.n_head_kv <= 0 || L.n_head % L.n_head_kv != 0 || hp.n_embd_head_v(il) != (uint32_t) L.head_dim) {
-            b.why = "layer " + std::to_string(il) + " has a head layout the megakernel does not handle";
+        if (!llama_mk_layer_plan(b, model, cparams, il, "layer", L)) {
             break;
         }
-
-        L.attn_norm      = b.vec(l.attn_norm,      ("attn_norm" + at).c_str(), hp.n_embd);
-        L.q_norm         = b.vec(l.attn_q_norm,    ("attn_q_norm" + at).c_str(), L.head_dim);
-        L.attn_post_norm = b.vec(l.attn_post_norm, ("post_attention_norm" + at).c_str(), hp.n_embd);
-        L.ffn_norm       = b.vec(l.ffn_norm,       ("ffn_norm" + at).c_str(), hp.n_embd);
-        L.ffn_post_norm  = b.vec(l.ffn_post_norm,  ("post_ffw_norm" + at).c_str(), hp.n_embd);
-
-        L.wq = b.weight(l.wq, ("attn_q" + at).c_str());
-        L.wo = b.weight(l.wo, ("attn_output" + at).c_str());
+        L.has_kv  = hp.has_kv(il) ? 1 : 0;
+        L.v_norm  = is_g4 ? 1 : 0;
+        L.q_scale = is_g4 ? 1.0f : hp.f_attention_scale;
         if (L.has_kv) {
             L.k_norm = b.vec(l.attn_k_norm, ("attn_k_norm" + at).c_str(), L.head_dim);
             L.wk = b.weight(l.wk, ("attn_k" + at).c_str());
             L.wv = b.weight(l.wv, ("attn_v" + at).c_str(), is_g4);
             L.v_from_k = l.wv ? 0 : 1;
         }
-        L.ffn_gate = b.weight(l.ffn_gate, ("ffn_gate" + at).c_str());
-        L.ffn_up   = b.weight(l.ffn_up,   ("ffn_up" + at).c_str());
-        L.ffn_down = b.weight(l.ffn_down, ("ffn_down" + at).c_str());
-        if (is_g4 && !L.is_swa) {
-            L.rope_freqs = b.vec(l.rope_freqs, ("rope_freqs" + at).c_str(), L.n_rot/2, true);
-        }
         if (p.n_embd_pl > 0) {
             L.pl_gate      = b.weight(l.per_layer_inp_gate, ("inp_gate" + at).c_str());
             L.pl_proj      = b.weight(l.per_layer_proj,     ("proj" + at).c_str());
             L.pl_post_norm = b.vec(l.per_layer_post_norm,   ("post_norm" + at).c_str(), hp.n_embd);
-        }
-        if (l.out_scale) {
-            if (l.out_scale->type != GGML_TYPE_F32 || ggml_nelements(l.out_scale) != 1) {
-                b.why = "layer_output_scale" + at + " is not one F32 value";
-                break;
-            }
-            ggml_backend_tensor_get(l.out_scale, &L.out_scale, 0, sizeof(float));
         }
 
         p.max_head_dim = std::max(p.max_head_dim, L.head_dim);
@@ -802,57 +817,22 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
     for (int il = 0; il < n_layer && b.why.empty(); ++il) {
         const auto & l = model.layers[il];
         ggml_mk_layer & L = p.layers[il];
-        const std::string at = " of assistant layer " + std::to_string(il);
-
-        L.n_head    = (int32_t) hp.n_head(il);
-        L.n_head_kv = (int32_t) hp.n_head_kv(il);
-        L.head_dim  = (int32_t) hp.n_embd_head_k(il);
-        L.n_rot     = (int32_t) hp.n_rot(il);
-        L.n_ff      = (int32_t) hp.n_ff(il);
-        L.is_swa    = hp.is_swa(il) ? 1 : 0;
-        L.has_kv    = 0;   // (it reads the target's cache of layer kv_layer)
-        L.rope_base = model.get_rope_freq_base(cparams, il);
-        L.rope_scale= model.get_rope_freq_scale(cparams, il);
-        L.q_scale   = 1.0f;
-        L.out_scale = 1.0f;
+        if (l.wq_s || l.wo_s || l.ffn_gate_s || l.ffn_up_s || l.ffn_down_s) {
+            b.why = "assistant layer " + std::to_string(il) + " has weight scales";
+            break;
+        }
+        if (!llama_mk_layer_plan(b, model, cparams, il, "assistant layer", L)) {
+            break;
+        }
+        L.has_kv  = 0;   // (it reads the target's cache of layer kv_layer[il])
+        L.q_scale = 1.0f;
         const int32_t kvl = n_layer_tgt - (L.is_swa ? 2 : 1);
         p.kv_layer[il] = kvl;
-
         if (kvl < 0 || hpt.is_swa(kvl) != hp.is_swa(il) || hpt.n_embd_head_k(kvl) != (uint32_t) L.head_dim ||
             hpt.n_head_kv(kvl) != (uint32_t) L.n_head_kv) {
             b.why = "assistant layer " + std::to_string(il) + " does not match the target layer " + std::to_string(kvl) +
                     " whose cache it reads (window kind, head size or KV heads)";
             break;
-        }
-        if (L.head_dim > GGML_MK_MAX_HEAD_DIM || L.head_dim % 32 != 0 || L.n_rot > L.head_dim || L.n_rot % 2 != 0 ||
-            L.n_head_kv <= 0 || L.n_head % L.n_head_kv != 0 || hp.n_embd_head_v(il) != (uint32_t) L.head_dim) {
-            b.why = "assistant layer " + std::to_string(il) + " has a head layout the fused draft does not handle";
-            break;
-        }
-        if (l.wq_s || l.wo_s || l.ffn_gate_s || l.ffn_up_s || l.ffn_down_s) {
-            b.why = "assistant layer " + std::to_string(il) + " has weight scales";
-            break;
-        }
-
-        L.attn_norm      = b.vec(l.attn_norm,      ("attn_norm" + at).c_str(), hp.n_embd);
-        L.q_norm         = b.vec(l.attn_q_norm,    ("attn_q_norm" + at).c_str(), L.head_dim);
-        L.attn_post_norm = b.vec(l.attn_post_norm, ("post_attention_norm" + at).c_str(), hp.n_embd);
-        L.ffn_norm       = b.vec(l.ffn_norm,       ("ffn_norm" + at).c_str(), hp.n_embd);
-        L.ffn_post_norm  = b.vec(l.ffn_post_norm,  ("post_ffw_norm" + at).c_str(), hp.n_embd);
-        L.wq       = b.weight(l.wq,       ("attn_q" + at).c_str());
-        L.wo       = b.weight(l.wo,       ("attn_output" + at).c_str());
-        L.ffn_gate = b.weight(l.ffn_gate, ("ffn_gate" + at).c_str());
-        L.ffn_up   = b.weight(l.ffn_up,   ("ffn_up" + at).c_str());
-        L.ffn_down = b.weight(l.ffn_down, ("ffn_down" + at).c_str());
-        if (!L.is_swa) {
-            L.rope_freqs = b.vec(l.rope_freqs, ("rope_freqs" + at).c_str(), L.n_rot/2, true);
-        }
-        if (l.out_scale) {
-            if (l.out_scale->type != GGML_TYPE_F32 || ggml_nelements(l.out_scale) != 1) {
-                b.why = "layer_output_scale" + at + " is not one F32 value";
-                break;
-            }
-            ggml_backend_tensor_get(l.out_scale, &L.out_scale, 0, sizeof(float));
         }
         p.max_q  = std::max(p.max_q,  L.n_head*L.head_dim);
         p.max_ff = std::max(p.max_ff, L.n_ff);
