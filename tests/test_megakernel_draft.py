@@ -83,6 +83,16 @@ def test_draft_reference_two_sequences(tmp_path, cpu_build, synth_pair):
     assert m and int(m.group(1)) == int(m.group(2)) == 2*40*4, r.stdout
 
 
+def _mutated(tmp_path: Path, path: Path, old: str, new: str) -> Path:
+    """a folder holding path's file with old replaced by new once (searched first by the compiler)"""
+    text = path.read_text()
+    assert text.count(old) == 1, f"mutation target not (once) in {path} (update the test): {old}"
+    mut = tmp_path / "inc"
+    mut.mkdir()
+    (mut / path.name).write_text(text.replace(old, new, 1))
+    return mut
+
+
 # planted bugs in the reference: each must fail (FAIL lines, exit 1)
 PLANTED = {
     "h_half": ("xh[p.n_embd_bb + i] = h[i];", "xh[p.n_embd_bb + i] = h[i]*0.5;"),
@@ -96,13 +106,7 @@ def test_draft_reference_planted_bug_fails(tmp_path, cpu_build, gemma_model, bug
     from harness import synth_gemma4
     pair = synth_gemma4.ensure_pair(gemma_model, p=synth_gemma4.SynthParams(matrix_type="F16", n_vocab=4096, window=16,
                                                                            h_gain=1.0))
-    old, new = PLANTED[bug]
-    text = REF.read_text()
-    assert text.count(old) == 1, f"mutation target not (once) in {REF} (update the test): {old}"
-    mut = tmp_path / "inc"
-    mut.mkdir()
-    (mut / REF.name).write_text(text.replace(old, new, 1))
-    exe = _build(tmp_path, cpu_build, first_inc=mut)
+    exe = _build(tmp_path, cpu_build, first_inc=_mutated(tmp_path, REF, *PLANTED[bug]))
     r = _run(exe, pair, "-n", "40", "-k", "4")
     print("\n".join(x for x in r.stdout.splitlines() if not x.startswith("state ")))
     assert r.returncode == 1 and "test-mk-draft: FAILED" in r.stdout and re.search(r"^FAIL ", r.stdout, re.M), \
@@ -161,12 +165,7 @@ def test_fused_draft_kernel_planted_bug_fails(tmp_path, cpu_build, bug):
     if EMU_PLANTED[bug] is None:
         args = ["--planted"]   # grid barriers become block barriers
     else:
-        path, old, new = EMU_PLANTED[bug]
-        text = path.read_text()
-        assert text.count(old) == 1, f"mutation target not (once) in {path} (update the test): {old}"
-        mut = tmp_path / "inc"
-        mut.mkdir()
-        (mut / path.name).write_text(text.replace(old, new, 1))
+        mut = _mutated(tmp_path, *EMU_PLANTED[bug])
     exe = _build_draft_emu(tmp_path, cpu_build, first_inc=mut)
     r = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
     print(r.stdout[-1500:])
