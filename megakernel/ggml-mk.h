@@ -248,7 +248,7 @@ typedef void   (*ggml_backend_mk_draft_free_t)(void * mkd);
 //  - as its residual stream's start the pre-projected inputs pre*concat(x, h) (no embedding rows: embd_scale unused), and
 //    as its hidden rows (h_out) the LM head's input n, from which h_next = post*n.
 // So the layer phases of a megakernel serve the draft unchanged; the fused draft adds the pre- and post-projections,
-// the argmax and the next step's embedding row around them (CUDA: mk_args.draft). n_ctx: the target context's cells
+// the argmax and the next step's embedding row around them (CUDA: mk_draft_kernel). n_ctx: the target context's cells
 // (the attention chunk); m: zero-initialised by the caller
 static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, int32_t n_ctx, struct ggml_mk_model * m) {
     m->version     = GGML_MK_VERSION;
