@@ -1774,7 +1774,9 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     if (j == 0 && threadIdx.x < MK_WARPS) {
         s_bulk[threadIdx.x].ph = 0;   // (a draft's steps go on with the phases of the step before)
     }
-    mk_mbar_init_fence();
+    if (j == 0 && ka.bulk) {
+        mk_mbar_init_fence();   // (sm_90 only: on older devices mk_args.bulk is 0 and this would trap)
+    }
     __syncthreads();
     const mk_args & a = s_a[0];
     if (j == 0 && blockIdx.x == 0 && threadIdx.x == 0) {

@@ -60,33 +60,32 @@ static __device__ __forceinline__ unsigned mk_ldcg_u32(const unsigned * p) {
 
 // weights into shared memory without a register round trip (sm_80+), cached in L2 only and marked first to leave
 // it: the weights stream through once per step (code, KV rows and activations stay)
-// (sm_80+: ggml_backend_mk_create declines older devices; code for them traps)
-static __device__ __forceinline__ void mk_cp_async16(void * dst, const void * src) {
+// (sm_80+: ggml_backend_mk_create declines older devices; code built for them traps)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
-    unsigned long long pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "l"(pol) : "memory");
+#define MK_ASYNC_ASM(...) asm volatile(__VA_ARGS__)
 #else
-    __trap();
+#define MK_ASYNC_ASM(...) __trap()
 #endif
+static __device__ __forceinline__ void mk_cp_async16(void * dst, const void * src) {
+    const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
+    unsigned long long pol = 0;
+    (void) pol;
+    MK_ASYNC_ASM("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    MK_ASYNC_ASM("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "l"(pol) : "memory");
 }
 static __device__ __forceinline__ void mk_cp_async_commit() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
+    MK_ASYNC_ASM("cp.async.commit_group;" ::: "memory");
 }
 template <int N>
 static __device__ __forceinline__ void mk_cp_async_wait() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-#endif
+    MK_ASYNC_ASM("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
 // the same weights through the bulk copy engine (TMA, sm_90+; mk_args.bulk, the host sets it on such devices unless
 // variant GGML_MK_VAR_CP_ASYNC): one instruction copies a whole tile and completes on an mbarrier in shared memory
 // (one per warp and stage, expecting one arrival). Measured 1.036x the whole step on E4B, 1.012x on Gemma 3 270M
-// against the 16-byte cp.async (H200, NOTES.md session 10). Code for older devices traps (never launched with bulk)
+// against the 16-byte cp.async (H200, NOTES.md session 10). Code for older devices traps: the kernel calls none of
+// these unless mk_args.bulk
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define MK_BULK_ASM(...) asm volatile(__VA_ARGS__)
 #else

@@ -167,9 +167,19 @@ struct emu_mbar {
     std::vector<copy> pending;     // copies issued, not landed yet (phase completed + i)
 };
 inline std::map<const void *, emu_mbar> emu_mbars;
-static inline void mk_mbar_init(unsigned long long * bar) { emu_mbars[bar] = emu_mbar(); }
-static inline void mk_mbar_init_fence() {}
+// the emulated device has the bulk copy engine (sm_90+); the driver sets it as the host would mk_args.bulk. Without
+// it, each of these instructions is code the kernel must never reach (on an sm_80..89 GPU it traps)
+inline bool emu_bulk_engine = false;
+static inline void emu_need_bulk(const char * what) {
+    if (!emu_bulk_engine) {
+        fprintf(stderr, "cuda_emu: %s on a device without the bulk copy engine (mk_args.bulk = 0): it traps there\n", what);
+        abort();
+    }
+}
+static inline void mk_mbar_init(unsigned long long * bar) { emu_need_bulk("mbarrier.init"); emu_mbars[bar] = emu_mbar(); }
+static inline void mk_mbar_init_fence() { emu_need_bulk("fence.mbarrier_init"); }
 static inline void mk_bulk_copy(void * dst, const void * src, unsigned bytes, unsigned long long * bar) {
+    emu_need_bulk("cp.async.bulk");
     if (bytes % 16 != 0 || (uintptr_t) dst % 16 != 0 || (uintptr_t) src % 16 != 0) {
         fprintf(stderr, "cuda_emu: cp.async.bulk of %u bytes at %p -> %p: not 16-byte aligned\n", bytes, src, dst);
         abort();
@@ -178,6 +188,7 @@ static inline void mk_bulk_copy(void * dst, const void * src, unsigned bytes, un
     ++emu_progress;
 }
 static inline void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
+    emu_need_bulk("mbarrier.try_wait");
     emu_mbar & b = emu_mbars.at(bar);
     // phase k has parity k & 1; the wait returns once the phase with this parity is the last completed one
     while ((b.completed & 1) == parity) {
