@@ -198,7 +198,7 @@ struct ggml_mk_draft {
                             // buffer): a backend makes it readable by the kernel (copy or mapping) when it is created
     int32_t debug_flags;
     int32_t k_max;          // the most draft steps a launch asks for (1..GGML_MK_DRAFT_MAX_K): a backend sizes its buffers
-    int32_t pad0;
+    int32_t kv_type;        // enum ggml_type of the target's K and V caches the layers read (F16)
     float   norm_eps;
     float   embd_scale;     // sqrt(n_embd_bb)
     float   kq_scale;       // scale of Q.K (Gemma 4: 1, folded into the norms)
@@ -257,7 +257,7 @@ static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, int32_t n
     m->n_layer     = d->n_layer;
     m->n_embd      = d->n_embd;
     m->n_vocab     = d->n_vocab;
-    m->kv_type     = 1; // GGML_TYPE_F16
+    m->kv_type     = d->kv_type;
     m->norm_eps    = d->norm_eps;
     m->embd_scale  = 1.0f;
     m->attn_factor = d->attn_factor;

@@ -783,6 +783,7 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
     p.n_embd      = (int32_t) hp.n_embd;
     p.n_embd_bb   = n_embd_bb;
     p.k_max       = k_max;
+    p.kv_type     = GGML_TYPE_F16;   // (llama_mk_draft_inputs refuses other caches)
     p.norm_eps    = hp.f_norm_rms_eps;
     p.embd_scale  = sqrtf((float) n_embd_bb);
     p.kq_scale    = hp.f_attention_scale;

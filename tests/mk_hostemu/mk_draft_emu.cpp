@@ -58,7 +58,7 @@ int main(int argc, char ** argv) {
 
     ggml_mk_draft d = {};
     d.version = GGML_MK_DRAFT_VERSION; d.n_layer = n_layer; d.n_embd = n_embd; d.n_embd_bb = n_embd_bb; d.n_vocab = n_vocab;
-    d.max_ff = n_ff; d.k_max = k_steps; d.norm_eps = 1e-6f; d.embd_scale = sqrtf((float) n_embd_bb); d.kq_scale = 1.0f;
+    d.max_ff = n_ff; d.k_max = k_steps; d.kv_type = GGML_TYPE_F16; d.norm_eps = 1e-6f; d.embd_scale = sqrtf((float) n_embd_bb); d.kq_scale = 1.0f;
     d.attn_factor = 1.0f; d.tok_embd_host = 1;
     d.tok_embd = Wt(GGML_TYPE_Q8_0, n_embd_bb, n_vocab);   // the target's token embeddings (host glue here)
     d.pre      = Wt(GGML_TYPE_F16, 2*n_embd_bb, n_embd);
