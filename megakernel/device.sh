@@ -5,10 +5,11 @@
 #        .venv/bin/python harness/synth_gemma4.py --tokenizer-from "$(.venv/bin/stq-metal model)" \
 #            --tokenizer-only .dev/mk/tokenizer.gguf   # (once) the tokenizer the models need
 # There: run(command="bash megakernel/device.sh STAGES", carry=[".dev"])
-#   stages, in order: check (nvcc syntax check of mk.cu, stops early on errors), build, models, test,
-#   bench, profile (per-phase times inside the launch; MK_PROF=2: also every block's barrier arrivals), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
+#   stages, in order: check (nvcc syntax check of mk.cu and mk-draft.cu, stops early on errors), build, models, test,
+#   draft (the fused MTP draft kernel vs llama.cpp's assistant graph: test-mk-draft --fused on the pairs of
+#   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch; MK_PROF=2: also every block's barrier arrivals), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), sanitize. Logs and results under $OUT (every stage tees its full output there).
-# Environment: MK_CHECK_ARGS (check: extra nvcc options, e.g. -DGGML_MK_DRAFT_KERNEL: also the fused MTP draft kernel),
+# Environment: MK_CHECK_ARGS (check: extra nvcc options),
 #   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
@@ -42,11 +43,16 @@ unpack() {
 }
 
 stage_check() {
-    log "nvcc syntax check of megakernel/cuda/mk.cu"
-    nvcc -std=c++17 -arch=sm_90 -c -o /dev/null "$HERE/megakernel/cuda/mk.cu" \
-        -I"$SRC/ggml/src" -I"$SRC/ggml/include" -I"$HERE/megakernel" -I"$HERE/megakernel/cuda" \
-        -Xptxas -v ${MK_CHECK_ARGS:-} 2>&1 | tee "$OUT/check.log" | grep -v "^ptxas info    : Function properties for" | tail -30
-    return "${PIPESTATUS[0]}"
+    local f rc=0
+    : > "$OUT/check.log"
+    for f in mk mk-draft; do
+        log "nvcc syntax check of megakernel/cuda/$f.cu"
+        nvcc -std=c++17 -arch=sm_90 -c -o /dev/null "$HERE/megakernel/cuda/$f.cu" \
+            -I"$SRC/ggml/src" -I"$SRC/ggml/include" -I"$HERE/megakernel" -I"$HERE/megakernel/cuda" \
+            -Xptxas -v ${MK_CHECK_ARGS:-} 2>&1 | tee -a "$OUT/check.log" | grep -v "^ptxas info    : Function properties for" | tail -30
+        [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    done
+    return $rc
 }
 
 stage_build() {
@@ -62,6 +68,9 @@ stage_build() {
     grep -E "error|warning: .*mk\.cu|FAILED" "$OUT/build.log" | head -40
     [ $rc -eq 0 ] || return $rc
     g++ -std=c++17 -O2 -o "$BLD/bin/test-mk" "$HERE/megakernel/tests/test-mk.cpp" -I"$SRC/include" -I"$SRC/src" -I"$SRC/ggml/include" \
+        -L"$BLD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$BLD/bin" || return 1
+    g++ -std=c++17 -O2 -o "$BLD/bin/test-mk-draft" "$HERE/megakernel/tests/test-mk-draft.cpp" -I"$HERE/megakernel" \
+        -I"$HERE/tests/mk_hostemu" -I"$SRC/include" -I"$SRC/src" -I"$SRC/ggml/include" \
         -L"$BLD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$BLD/bin" || return 1
     log "build done in $((SECONDS - t0)) s"
 }
@@ -175,6 +184,33 @@ stage_ncusrc() {
     ncu -i "$WORK/mk-src.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-sass.csv" 2>&1 || \
         ncu -i "$WORK/mk-src.ncu-rep" --page source --csv > "$OUT/ncu-sass.csv" 2>&1
     ls -la "$OUT/ncu-raw.csv" "$OUT/ncu-sass.csv"; head -c 600 "$OUT/ncu-sass.csv"; echo
+}
+
+# the fused MTP draft kernel (issue 14) vs llama.cpp's own gemma4-assistant graph on the GPU, token for token on live
+# decode states across the sliding window (megakernel/tests/test-mk-draft.cpp --fused); then a planted bug (grid
+# barriers off) that must fail, and memcheck over a few launches
+stage_draft() {
+    local m rc=0 tol
+    for m in ${MK_DRAFT_MODELS:-small-h small}; do
+        local tgt="$MODELS/$m/gemma4-synth-target.gguf" dft="$MODELS/$m/gemma4-synth-assistant.gguf"
+        # Q4_0: llama.cpp rounds the activations to q8_1 per 32 for mmvq, the kernel to its own 8-bit records
+        tol=""; [ "$m" = small ] && tol="--max-nmse 1e-2 --max-nmse-h 1e-2"
+        for args in "-k 4 -n ${MK_DRAFT_N:-160}" "-k 8 -n 48 --np 2" "-k 1 -n 48 --fa 1"; do
+            log "test-mk-draft --fused on $m: $args"
+            "$BLD/bin/test-mk-draft" -m "$tgt" -md "$dft" --fused $args $tol 2>&1 | tee -a "$OUT/draft.log" \
+                | grep -E "^(OK|FAIL|near tie|state [0-9]+ |draft plan|  layer|timing|test-mk-draft)" | head -24
+            [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+        done
+    done
+    log "planted bug: grid barriers off in the draft kernel (must FAIL)"
+    LLAMA_MEGAKERNEL_DEBUG=1 "$BLD/bin/test-mk-draft" -m "$MODELS/small-h/gemma4-synth-target.gguf" \
+        -md "$MODELS/small-h/gemma4-synth-assistant.gguf" --fused -k 4 -n 8 2>&1 | tee -a "$OUT/draft.log" | grep -E "^(OK|FAIL|test-mk-draft)" | tail -4
+    [ "${PIPESTATUS[0]}" -eq 1 ] || { echo "the planted bug went unnoticed"; rc=1; }
+    log "compute-sanitizer memcheck of the fused draft"
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$BLD/bin/test-mk-draft" -m "$MODELS/small-h/gemma4-synth-target.gguf" \
+        -md "$MODELS/small-h/gemma4-synth-assistant.gguf" --fused -k 4 -n 3 2>&1 | tee -a "$OUT/draft.log" | grep -E "ERROR SUMMARY|Invalid|test-mk-draft:" | head -6
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    return $rc
 }
 
 # llama-server with the megakernel: speculative (draft-simple k = 1..4, -np 2, draft-mtp k = 1..4) == greedy

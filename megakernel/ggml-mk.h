@@ -137,7 +137,7 @@ struct ggml_mk_model {
 //   h_next = post*n                                          (nextn_proj_post: n_embd -> n_embd_bb)
 // Step j+1 takes step j's draft as t and its h_next as h, at the SAME position (llama.cpp's draft-mtp drafts every token
 // of a shared-KV assistant at pos0, common/speculative.cpp) and with the same KV cells and masks.
-#define GGML_MK_DRAFT_VERSION    1
+#define GGML_MK_DRAFT_VERSION    2
 #define GGML_MK_DRAFT_MAX_K      8    // draft steps per launch
 #define GGML_MK_DRAFT_MAX_LAYERS 8
 
@@ -199,6 +199,7 @@ struct ggml_mk_draft {
     int32_t debug_flags;
     int32_t k_max;          // the most draft steps a launch asks for (1..GGML_MK_DRAFT_MAX_K): a backend sizes its buffers
     int32_t kv_type;        // enum ggml_type of the target's K and V caches the layers read (F16)
+    int32_t n_ctx;          // the target context's cells (a step's n_kv is at most this; sizes the attention's chunks)
     float   norm_eps;
     float   embd_scale;     // sqrt(n_embd_bb)
     float   kq_scale;       // scale of Q.K (Gemma 4: 1, folded into the norms)
@@ -248,9 +249,8 @@ typedef void   (*ggml_backend_mk_draft_free_t)(void * mkd);
 //  - as its residual stream's start the pre-projected inputs pre*concat(x, h) (no embedding rows: embd_scale unused), and
 //    as its hidden rows (h_out) the LM head's input n, from which h_next = post*n.
 // So the layer phases of a megakernel serve the draft unchanged; the fused draft adds the pre- and post-projections,
-// the argmax and the next step's embedding row around them (CUDA: mk_draft_kernel). n_ctx: the target context's cells
-// (the attention chunk); m: zero-initialised by the caller
-static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, int32_t n_ctx, struct ggml_mk_model * m) {
+// the argmax and the next step's embedding row around them (CUDA: mk_draft_kernel). m: zero-initialised by the caller
+static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, struct ggml_mk_model * m) {
     m->version     = GGML_MK_VERSION;
     m->arch        = GGML_MK_ARCH_GEMMA4;
     m->device      = d->device;
@@ -263,8 +263,8 @@ static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, int32_t n
     m->attn_factor = d->attn_factor;
     m->kq_scale    = d->kq_scale;
     m->debug_flags = d->debug_flags;
-    m->n_ctx       = n_ctx;
-    m->att_chunk   = ggml_mk_att_chunk(n_ctx);
+    m->n_ctx       = d->n_ctx;
+    m->att_chunk   = ggml_mk_att_chunk(d->n_ctx);
     m->output      = d->output;
     m->output_norm = d->output_norm;
     for (int il = 0; il < d->n_layer; ++il) {

@@ -723,9 +723,17 @@ struct llama_mk_draft : llama_mk_staging {
     ggml_mk_draft           plan      = {};
 
     ggml_tensor           * t_mask[GGML_MK_N_CACHES] = {nullptr, nullptr};   // the query's mask row in each cache
+
+    // the backend's fused draft kernel (llama_mk_draft_init without host_ok)
+    ggml_backend_mk_draft_eval_t eval       = nullptr;
+    ggml_backend_mk_draft_free_t free_fn    = nullptr;
+    void                       * backend_mk = nullptr;
 };
 
 void llama_mk_draft_deleter::operator()(llama_mk_draft * d) const {
+    if (d && d->backend_mk) {
+        d->free_fn(d->backend_mk);
+    }
     delete d;
 }
 
@@ -784,6 +792,7 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
     p.n_embd_bb   = n_embd_bb;
     p.k_max       = k_max;
     p.kv_type     = GGML_TYPE_F16;   // (llama_mk_draft_inputs refuses other caches)
+    p.n_ctx       = (int32_t) llama_n_ctx(cparams.ctx_other);   // (its caches share the target's cells)
     p.norm_eps    = hp.f_norm_rms_eps;
     p.embd_scale  = sqrtf((float) n_embd_bb);
     p.kq_scale    = hp.f_attention_scale;
@@ -847,7 +856,42 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
     if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
         p.debug_flags = atoi(dbg); // planted bugs, tests only
     }
+    if (host_ok) {
+        return d;   // (the plan only: a CPU reference reads it)
+    }
+
+    // the backend's fused draft kernel for the device that holds the assistant's weights
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(b.dev);
+    auto create = (ggml_backend_mk_draft_create_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_mk_draft_create");
+    d->eval     = (ggml_backend_mk_draft_eval_t)   ggml_backend_reg_get_proc_address(reg, "ggml_backend_mk_draft_eval");
+    d->free_fn  = (ggml_backend_mk_draft_free_t)   ggml_backend_reg_get_proc_address(reg, "ggml_backend_mk_draft_free");
+    if (!create || !d->eval || !d->free_fn) {
+        return fail(std::string("backend ") + ggml_backend_reg_name(reg) + " has no fused draft kernel");
+    }
+    for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
+        if (ggml_backend_reg_dev_get(reg, i) == b.dev) {
+            p.device = (int32_t) i;
+        }
+    }
+    char err[256] = {0};
+    d->backend_mk = create(&p, err, sizeof(err));
+    if (!d->backend_mk) {
+        return fail(std::string(ggml_backend_reg_name(reg)) + " declined the fused draft: " + err);
+    }
     return d;
+}
+
+bool llama_mk_draft_eval(llama_mk_draft * d, const ggml_mk_draft_step & st) {
+    if (!d->backend_mk) {
+        LLAMA_LOG_ERROR("llama_mk_draft: no backend kernel (a plan made with host_ok)\n");
+        return false;
+    }
+    const int rc = d->eval(d->backend_mk, &st);
+    if (rc != 0) {
+        LLAMA_LOG_ERROR("llama_mk_draft: the fused draft failed (code %d)\n", rc);
+        return false;
+    }
+    return true;
 }
 
 bool llama_mk_draft_inputs(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t seq, int32_t pos, ggml_mk_draft_step & st) {

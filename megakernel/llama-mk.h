@@ -47,8 +47,8 @@ struct llama_mk_draft_deleter {
 using llama_mk_draft_ptr = std::unique_ptr<llama_mk_draft, llama_mk_draft_deleter>;
 
 // the fused-draft plan of a gemma4-assistant model (model, cparams: the assistant's context, whose ctx_other is the
-// target's), or nullptr with why set. host_ok: weights in host memory are fine (a CPU reference reads the plan; no
-// backend is asked for a kernel). k_max: the most draft steps a launch will ask for
+// target's) and the backend's kernel for it, or nullptr with why set. host_ok: the plan only, weights in host memory
+// are fine (a CPU reference reads it; no backend is asked for a kernel). k_max: the most draft steps a launch will ask for
 llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cparams & cparams, std::string & why,
                                        bool host_ok = false, int32_t k_max = GGML_MK_DRAFT_MAX_K);
 
@@ -58,3 +58,7 @@ const ggml_mk_draft * llama_mk_draft_plan(const llama_mk_draft * d);
 // layer's K/V (from the target's memory) and llama.cpp's mask rows of the query (from mem_dft, the assistant's memory,
 // whose caches share the target's cells); the caller sets k, token, h and the outputs. false = error (logged)
 bool llama_mk_draft_inputs(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t seq, int32_t pos, ggml_mk_draft_step & st);
+
+// one launch of the backend's fused draft kernel (a plan made without host_ok): st from llama_mk_draft_inputs plus k,
+// token, h and the outputs; false = error (logged)
+bool llama_mk_draft_eval(llama_mk_draft * d, const ggml_mk_draft_step & st);

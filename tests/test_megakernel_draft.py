@@ -174,17 +174,21 @@ def test_fused_draft_kernel_planted_bug_fails(tmp_path, cpu_build, bug):
 
 
 def test_fused_draft_kernel_compiles_for_sm90(cpu_build):
-    """mk.cu with the draft kernel (GGML_MK_DRAFT_KERNEL) compiles for sm_90; without it (the build's default) the decode
-    kernel's code is what it was before the draft (mk_step<false>: no draft code in it)."""
+    """The draft kernel's module (mk-draft.cu: GGML_MK_DRAFT_KERNEL) compiles for sm_90 with mk_draft_kernel alone; the
+    decode module (mk.cu, with the host side of both) has no draft kernel: its decode kernel's code is what it was
+    before the draft (a module with both kernels gets other code for the shared phases)."""
     from harness import cuda_toolkit
     src = source_tree(cpu_build)
     inc = [src / "ggml" / "src", src / "ggml" / "include", MK, MK / "cuda"]
-    res = cuda_toolkit.compile_check(MK / "cuda" / "mk.cu", inc, defines=["GGML_MK_DRAFT_KERNEL"])
+    res = cuda_toolkit.compile_check(MK / "cuda" / "mk-draft.cu", inc)
     assert res["ok"], f"{res['cmd']}\n{res['log'][-6000:]}"
     sass = cuda_toolkit.sass_report(res["cubin"])
     for name, f in sass.items():
         if "draft" in name:
             print(f"  {name[:70]:70s} instr {f['instructions']:6d} spills {f['spills']:4d} in loops {f['loop_spills']:4d}")
     assert any("mk_draft_kernel" in k for k in sass), list(sass)
-    plain = cuda_toolkit.sass_report(cuda_toolkit.compile_check(MK / "cuda" / "mk.cu", inc)["cubin"])
-    assert not any("draft" in k for k in plain), f"draft code in the default build: {list(plain)}"
+    assert not any("mk_decode_kernel" in k for k in sass), f"the decode kernel in the draft's module: {list(sass)}"
+    plain = cuda_toolkit.compile_check(MK / "cuda" / "mk.cu", inc)
+    assert plain["ok"], f"{plain['cmd']}\n{plain['log'][-6000:]}"
+    names = list(cuda_toolkit.sass_report(plain["cubin"]))
+    assert any("mk_decode_kernel" in k for k in names) and not any("draft" in k for k in names), names

@@ -1942,13 +1942,15 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     }
 }
 
+// One kernel per module: a module that carries both kernels gets other code for the shared phases (nvcc and clang:
+// the decode kernel's SASS changes), so mk.cu compiles the decode/verify kernel and mk-draft.cu (GGML_MK_DRAFT_KERNEL)
+// the fused draft; the host emulation builds each where it needs it
+#ifndef GGML_MK_DRAFT_KERNEL
 MK_KERNEL mk_decode_kernel(const mk_args ka) {
     mk_step<false>(ka, nullptr, 0);
 }
-
-#ifdef GGML_MK_DRAFT_KERNEL
-// (built where a backend launches it: the host emulation for now, its host side in mk.cu is the next step; a module
-// that carries it gets other code for the shared phases from clang, so the decode kernel's build stays without it)
+#else
+// the fused MTP draft: da->k steps of the assistant in one launch (da: a device copy of the launch's draft arguments)
 MK_KERNEL mk_draft_kernel(const mk_args ka, const mk_draft_args * da) {
     for (int j = 0; j < da->k; ++j) {
         mk_step<true>(ka, da, j);

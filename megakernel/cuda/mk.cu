@@ -12,134 +12,13 @@
 
 #include "ggml-cuda/common.cuh"
 #include "mk.cuh"
+#include "mk-device.cuh"
+#include "mk-kernel.cuh"
 
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#define MK_DEVICE    static __device__ __forceinline__
-#define MK_DEVICE_FN static __device__ __noinline__   // phases: own register allocation, no spills in hot loops
-#define MK_HOSTDEV   static __host__ __device__ inline
-#define MK_KERNEL    __global__ void __launch_bounds__(MK_THREADS)
-#define MK_SHARED(T, name, n)   __shared__ T name[n]
-#define MK_SHARED_DYN(T, name)  extern __shared__ T name[]
-#define MK_UNROLL    _Pragma("unroll")
-#define MK_TRAP()    __trap()
-
-static __device__ __forceinline__ float mk_f16(uint16_t u) {
-    return __half2float(__ushort_as_half(u));
-}
-
-// loads of data that other blocks wrote earlier in this launch: through L2 only (L1 is not coherent)
-#if defined(__clang__)
-// clang's CUDA headers lack the float/ushort __ldcg overloads: the same instruction, spelled out
-static __device__ __forceinline__ float mk_ldcg(const float * p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-#else
-static __device__ __forceinline__ float          mk_ldcg(const float * p)          { return __ldcg(p); }
-#endif
-static __device__ __forceinline__ float4 mk_ldcg4(const float4 * p) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
-    return v;
-}
-static __device__ __forceinline__ uint4 mk_ldcg_u32x4(const uint4 * p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-    return v;
-}
-static __device__ __forceinline__ unsigned mk_ldcg_u32(const unsigned * p) {
-    unsigned v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// weights into shared memory without a register round trip (sm_80+), cached in L2 only and marked first to leave
-// it: the weights stream through once per step (code, KV rows and activations stay)
-// (sm_80+: ggml_backend_mk_create declines older devices; code built for them traps)
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-#define MK_ASYNC_ASM(...) asm volatile(__VA_ARGS__)
-#else
-#define MK_ASYNC_ASM(...) __trap()
-#endif
-static __device__ __forceinline__ void mk_cp_async16(void * dst, const void * src) {
-    const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
-    unsigned long long pol = 0;
-    (void) pol;
-    MK_ASYNC_ASM("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    MK_ASYNC_ASM("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "l"(pol) : "memory");
-}
-static __device__ __forceinline__ void mk_cp_async_commit() {
-    MK_ASYNC_ASM("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-static __device__ __forceinline__ void mk_cp_async_wait() {
-    MK_ASYNC_ASM("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
-
-// the same weights through the bulk copy engine (TMA, sm_90+; mk_args.bulk, the host sets it on such devices unless
-// variant GGML_MK_VAR_CP_ASYNC): one instruction copies a whole tile and completes on an mbarrier in shared memory
-// (one per warp and stage, expecting one arrival). Measured 1.036x the whole step on E4B, 1.012x on Gemma 3 270M
-// against the 16-byte cp.async (H200, NOTES.md session 10). Code for older devices traps: the kernel calls none of
-// these unless mk_args.bulk
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define MK_BULK_ASM(...) asm volatile(__VA_ARGS__)
-#else
-#define MK_BULK_ASM(...) __trap()
-#endif
-static __device__ __forceinline__ void mk_mbar_init(unsigned long long * bar) {
-    MK_BULK_ASM("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned) __cvta_generic_to_shared(bar)) : "memory");
-}
-static __device__ __forceinline__ void mk_mbar_init_fence() {
-    MK_BULK_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// bytes (a multiple of 16, src and dst 16-byte aligned) from global to shared memory; bar's phase completes when
-// they have landed
-static __device__ __forceinline__ void mk_bulk_copy(void * dst, const void * src, unsigned bytes, unsigned long long * bar) {
-    const unsigned d = (unsigned) __cvta_generic_to_shared(dst);
-    const unsigned b = (unsigned) __cvta_generic_to_shared(bar);
-    unsigned long long pol = 0;
-    (void) pol;
-    MK_BULK_ASM("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    MK_BULK_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(bytes) : "memory");
-    MK_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                :: "r"(d), "l"(src), "r"(bytes), "r"(b), "l"(pol) : "memory");
-}
-// wait until the phase of bar with this parity has completed
-static __device__ __forceinline__ void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
-    const unsigned b = (unsigned) __cvta_generic_to_shared(bar);
-    unsigned done = 0;
-    do {
-        MK_BULK_ASM("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done) : "r"(b), "r"(parity) : "memory");
-    } while (!done);
-}
-
-// the grid barrier's arrival (release: the block's writes, ordered before it by __syncthreads, go first; acquire:
-// the last arrival sees the others' writes) and poll (acquire: what the other blocks wrote before their arrivals is
-// seen after it), GPU scope
-static __device__ __forceinline__ unsigned mk_atomic_add_acq_rel(unsigned * p, unsigned v) {
-    unsigned old;
-    asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-static __device__ __forceinline__ unsigned mk_ld_acquire(const unsigned * p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-static __device__ __forceinline__ unsigned long long mk_clock_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-#include "mk-kernel.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // host side
@@ -182,10 +61,19 @@ struct mk_cuda {
     int smem_bytes = 0;
     mk_smem smem[MK_M + 1] = {};
 
-    // upload: [mk_dstep][mask0][mask1][embd][pl_embd]
+    // upload: [mk_dstep][mask0][mask1][embd][pl_embd] (a draft launch: [mk_dstep][mask0][mask1][h][mk_draft_args])
     char * d_up = nullptr;
     char * h_up = nullptr;
     size_t up_cap = 0;
+
+    // the kernel this handle launches: mk_decode_kernel, or (ggml_cuda_mk_draft_create) the fused MTP draft's
+    const void * kernel = nullptr;
+    // the fused draft: its launch arguments that do not change between launches (device addresses), its buffers
+    bool draft = false;
+    mk_draft_args da = {};
+    float * draft_buf = nullptr;   // xh [2*n_embd_bb], h_next [k_max][n_embd_bb], tokens [k_max], logits [k_max][n_vocab]
+    void  * tok_embd  = nullptr;   // a device copy of the target's token embeddings when llama.cpp keeps them in host memory
+    int     k_max     = 0;
 };
 
 // the profile's names of the phases (enum mk_phase)
@@ -210,7 +98,9 @@ static size_t mk_align(size_t n) {
         }                                                                             \
     } while (0)
 
-void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_size) {
+// a handle for the plan model: its decode/verify kernel, or (d: the draft that model was made of by ggml_mk_draft_model)
+// the fused draft kernel with the draft's buffers and mat-vec table
+static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft * d, char * err, size_t err_size) {
     if (model->version != GGML_MK_VERSION) {
         snprintf(err, err_size, "plan version %d, kernel version %d", model->version, GGML_MK_VERSION);
         return nullptr;
@@ -220,6 +110,8 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         return nullptr;
     }
     mk_cuda * mk = new mk_cuda();
+    mk->kernel   = d ? ggml_cuda_mk_draft_kernel() : (const void *) mk_decode_kernel;
+    mk->draft    = d != nullptr;
     mk->device   = model->device;
     mk->n_vocab  = model->n_vocab;
     mk->n_embd   = model->n_embd;
@@ -238,6 +130,10 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
         std::vector<std::pair<std::string, const ggml_mk_weight *>> ws = { { "output", &model->output } };
         if (model->n_embd_pl > 0) {
             ws.push_back({ "per_layer_model_proj", &model->pl_model_proj });
+        }
+        if (d) {
+            ws.push_back({ "nextn.pre_projection", &d->pre });
+            ws.push_back({ "nextn.post_projection", &d->post });
         }
         static const char * names[] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "inp_gate", "proj" };
         for (int il = 0; il < model->n_layer; ++il) {
@@ -314,11 +210,11 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     int optin = 0;
     cudaFuncAttributes fa = {};
     MK_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, mk->device), "shared memory per block");
-    MK_TRY(cudaFuncGetAttributes(&fa, mk_decode_kernel), "kernel attributes");
+    MK_TRY(cudaFuncGetAttributes(&fa, mk->kernel), "kernel attributes");
     mk->smem_bytes = (int) ((optin - (int) fa.sharedSizeBytes)/16*16);
     int per_sm = 0;
-    MK_TRY(cudaFuncSetAttribute(mk_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mk->smem_bytes), "shared memory limit");
-    MK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk_decode_kernel, MK_THREADS, mk->smem_bytes), "occupancy");
+    MK_TRY(cudaFuncSetAttribute(mk->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mk->smem_bytes), "shared memory limit");
+    MK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk->kernel, MK_THREADS, mk->smem_bytes), "occupancy");
     if (per_sm < 1) {
         snprintf(err, err_size, "the kernel does not fit on a multiprocessor");
         ggml_cuda_mk_free(mk);
@@ -358,7 +254,8 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     }
     total += mk_align(M*max_head*sizeof(unsigned)); // attention chunk counters
     total += 256; // barrier
-    const size_t sz_mvt = mk_align(mk_mv_count(model->n_layer)*sizeof(mk_mvr));
+    const int n_mv = d ? mk_mv_draft_count(model->n_layer, d->k_max) : mk_mv_count(model->n_layer);
+    const size_t sz_mvt = mk_align(n_mv*sizeof(mk_mvr));
     total += sz_mvt;  // the mat-vec table
     MK_TRY(cudaMalloc(&mk->scratch, total), "scratch allocation");
     MK_TRY(cudaMemset(mk->scratch, 0, total), "scratch clear");
@@ -373,7 +270,7 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     }
     mk->args.att_cnt  = (unsigned *) p;
     p += mk_align(M*max_head*sizeof(unsigned));
-    if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE"); e && atoi(e) != 0) {
+    if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE"); e && atoi(e) != 0 && !d) {
         mk->prof_cap = 64 + 64*(size_t) model->n_layer;   // entries: ~24 per layer (phase ends, waits, stagings)
         mk->h_prof.resize(1 + 2*mk->prof_cap);
         MK_TRY(cudaMalloc(&mk->d_prof, mk->h_prof.size()*sizeof(unsigned long long)), "profile buffer");
@@ -396,10 +293,37 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
     p += 256;
     mk->args.m = mk->d_model;
     mk->args.n_pl_all = mk->n_pl_all;
+    if (d) {
+        // the draft's buffers; the target's token embeddings where the kernel can read them
+        const size_t nb = d->n_embd_bb, kx = d->k_max;
+        const size_t sz[] = { 2*nb*sizeof(float), kx*nb*sizeof(float), kx*sizeof(int32_t), kx*(size_t) model->n_vocab*sizeof(float) };
+        MK_TRY(cudaMalloc(&mk->draft_buf, mk_align(sz[0]) + mk_align(sz[1]) + mk_align(sz[2]) + mk_align(sz[3])), "draft buffers");
+        char * q = (char *) mk->draft_buf;
+        mk->da.xh     = (float *)   q; q += mk_align(sz[0]);
+        mk->da.h_next = (float *)   q; q += mk_align(sz[1]);
+        mk->da.tokens = (int32_t *) q; q += mk_align(sz[2]);
+        mk->da.logits = (float *)   q;
+        mk->da.tok_embd   = d->tok_embd;
+        mk->da.embd_scale = d->embd_scale;
+        mk->da.n_embd_bb  = d->n_embd_bb;
+        mk->da.k          = d->k_max;   // (the table holds the post-projection of every step a launch may ask for)
+        mk->k_max         = d->k_max;
+        if (d->tok_embd_host) {
+            const size_t bytes = d->tok_embd.nb1*(size_t) d->tok_embd.ne1;
+            MK_TRY(cudaMalloc(&mk->tok_embd, bytes), "device copy of the target's token embeddings");
+            MK_TRY(cudaMemcpy(mk->tok_embd, d->tok_embd.data, bytes, cudaMemcpyHostToDevice), "token embeddings upload");
+            mk->da.tok_embd.data = mk->tok_embd;
+        }
+    }
     {
-        // the step's mat-vecs decoded once: the weights' host plan, the outputs' scratch addresses
-        std::vector<mk_mvr> tab(mk_mv_count(model->n_layer));
-        mk_mv_table(*model, mk->args, tab.data());
+        // the step's mat-vecs decoded once: the weights' host plan, the outputs' scratch addresses (a draft: and its
+        // pre-projection, and the post-projection of every step)
+        std::vector<mk_mvr> tab(n_mv);
+        if (d) {
+            mk_mv_table_draft(*d, *model, mk->args, mk->da, tab.data());
+        } else {
+            mk_mv_table(*model, mk->args, tab.data());
+        }
         MK_TRY(cudaMemcpy(p, tab.data(), tab.size()*sizeof(mk_mvr), cudaMemcpyHostToDevice), "mat-vec table upload");
         mk->args.mvt = (const mk_mvr *) p;
         p += sz_mvt;
@@ -435,6 +359,30 @@ void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_s
 }
 
 #undef MK_TRY
+
+void * ggml_cuda_mk_create(const ggml_mk_model * model, char * err, size_t err_size) {
+    return mk_cuda_create(model, nullptr, err, err_size);
+}
+
+void * ggml_cuda_mk_draft_create(const ggml_mk_draft * d, char * err, size_t err_size) {
+    if (d->version != GGML_MK_DRAFT_VERSION) {
+        snprintf(err, err_size, "draft plan version %d, kernel version %d", d->version, GGML_MK_DRAFT_VERSION);
+        return nullptr;
+    }
+    if (d->k_max < 1 || d->k_max > GGML_MK_DRAFT_MAX_K || d->n_layer < 1 || d->n_layer > GGML_MK_DRAFT_MAX_LAYERS) {
+        snprintf(err, err_size, "k_max %d, %d layers (1..%d and 1..%d supported)", d->k_max, d->n_layer, GGML_MK_DRAFT_MAX_K,
+                 GGML_MK_DRAFT_MAX_LAYERS);
+        return nullptr;
+    }
+    if (d->n_embd_bb % 32 != 0 || d->tok_embd.ne0 != d->n_embd_bb) {
+        snprintf(err, err_size, "the target's token embeddings have rows of %d values for hidden rows of %d (equal, a multiple "
+                 "of 32 needed)", d->tok_embd.ne0, d->n_embd_bb);
+        return nullptr;
+    }
+    ggml_mk_model md = {};
+    ggml_mk_draft_model(d, &md);
+    return mk_cuda_create(&md, d, err, err_size);
+}
 
 void ggml_cuda_mk_free(void * h) {
     mk_cuda * mk = (mk_cuda *) h;
@@ -488,6 +436,8 @@ void ggml_cuda_mk_free(void * h) {
     }
     cudaFree(mk->d_model);
     cudaFree(mk->scratch);
+    cudaFree(mk->draft_buf);
+    cudaFree(mk->tok_embd);
     cudaFree(mk->d_up);
     cudaFreeHost(mk->h_up);
     if (mk->stream) {
@@ -528,6 +478,37 @@ static void mk_gprof_add(mk_cuda * mk) {
     cudaMemset(mk->d_gprof, 0, g.size()*sizeof(unsigned long long));
 }
 
+// the upload buffers (pinned host, device) of at least need bytes; false: out of memory
+static bool mk_upload_reserve(mk_cuda * mk, size_t need) {
+    if (need > mk->up_cap) {
+        cudaStreamSynchronize(mk->stream);
+        cudaFree(mk->d_up);
+        cudaFreeHost(mk->h_up);
+        mk->d_up = nullptr;
+        mk->h_up = nullptr;
+        const size_t cap = need*2;
+        if (cudaMalloc(&mk->d_up, cap) != cudaSuccess || cudaMallocHost(&mk->h_up, cap) != cudaSuccess) {
+            mk->up_cap = 0;
+            return false;
+        }
+        mk->up_cap = cap;
+    }
+    return true;
+}
+
+// a launch's arguments: the handle's, with this launch's barrier count (the two alternate) and step size
+static mk_args mk_launch_args(mk_cuda * mk, int M) {
+    mk_args a = mk->args;
+    if (mk->launches++ % 2) {
+        std::swap(a.bar, a.bar_next);
+    }
+    a.xs_bytes = mk->smem[M].xs_bytes;
+    a.xq_bytes = mk->smem[M].xq_bytes;
+    a.ns       = mk->smem[M].ns;
+    a.bulk     = mk->bulk;
+    return a;
+}
+
 int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     mk_cuda * mk = (mk_cuda *) h;
     const int M = step->n_tokens;
@@ -552,18 +533,8 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     const size_t sz_embd = mk_align((size_t) M*mk->n_embd*sizeof(float));
     const size_t sz_pl   = mk_align((size_t) M*mk->n_pl_all*sizeof(float));
     const size_t need = sz_step + sz_mask[0] + sz_mask[1] + sz_embd + sz_pl;
-    if (need > mk->up_cap) {
-        cudaStreamSynchronize(mk->stream);
-        cudaFree(mk->d_up);
-        cudaFreeHost(mk->h_up);
-        mk->d_up = nullptr;
-        mk->h_up = nullptr;
-        const size_t cap = need*2;
-        if (cudaMalloc(&mk->d_up, cap) != cudaSuccess || cudaMallocHost(&mk->h_up, cap) != cudaSuccess) {
-            mk->up_cap = 0;
-            return 2;
-        }
-        mk->up_cap = cap;
+    if (!mk_upload_reserve(mk, need)) {
+        return 2;
     }
     mk_dstep * ds = (mk_dstep *) mk->h_up;
     ds->n_tokens = M;
@@ -579,7 +550,7 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     memcpy(ds->kv, step->kv, sizeof(ds->kv));
     mk_step_chunks(*ds, step->mask, M, mk->att_chunk, mk->all_chunks);
     size_t off = sz_step;
-    mk_args a = mk->args;
+    mk_args a = mk_launch_args(mk, M);
     a.st = (const mk_dstep *) mk->d_up;
     a.h_out = step->n_h > 0 ? mk->hidden : nullptr;
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
@@ -610,15 +581,8 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         cudaMemsetAsync(mk->d_prof, 0, sizeof(unsigned long long), mk->stream);
         cudaEventRecord(mk->ev[0], mk->stream);
     }
-    if (mk->launches++ % 2) {
-        std::swap(a.bar, a.bar_next);
-    }
-    a.xs_bytes = mk->smem[M].xs_bytes;
-    a.xq_bytes = mk->smem[M].xq_bytes;
-    a.ns       = mk->smem[M].ns;
-    a.bulk     = mk->bulk;
     void * kargs[] = { (void *) &a };
-    cudaError_t e = cudaLaunchCooperativeKernel((const void *) mk_decode_kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
+    cudaError_t e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
         return 4;
@@ -664,4 +628,95 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         mk->prof_steps++;
     }
     return 0;
+}
+
+// one launch of the fused draft: step->k draft steps from (token, h) at step->pos (mk_draft_kernel)
+int ggml_cuda_mk_draft_eval(void * h, const ggml_mk_draft_step * step) {
+    mk_cuda * mk = (mk_cuda *) h;
+    const int k = step->k;
+    if (!mk || !mk->draft || k < 1 || k > mk->k_max || !step->tokens_out || !step->h || step->token < 0 ||
+        step->token >= mk->da.tok_embd.ne1) {
+        return 1;
+    }
+    if (step->n_kv[0] > mk->n_ctx || step->n_kv[1] > mk->n_ctx) {
+        fprintf(stderr, "%s: n_kv %d/%d exceeds the context (%d cells)\n", __func__, step->n_kv[0], step->n_kv[1], mk->n_ctx);
+        return 7;
+    }
+    ggml_cuda_set_device(mk->device);
+
+    // one upload: step, mask rows, h, the launch's draft arguments
+    const int nb = mk->da.n_embd_bb;
+    const size_t sz_step = mk_align(sizeof(mk_dstep));
+    const size_t sz_mask[GGML_MK_N_CACHES] = {
+        mk_align((size_t) step->n_kv[0]*sizeof(float)), mk_align((size_t) step->n_kv[1]*sizeof(float)) };
+    const size_t sz_h  = mk_align((size_t) nb*sizeof(float));
+    const size_t need  = sz_step + sz_mask[0] + sz_mask[1] + sz_h + mk_align(sizeof(mk_draft_args));
+    if (!mk_upload_reserve(mk, need)) {
+        return 2;
+    }
+    mk_dstep * ds = (mk_dstep *) mk->h_up;
+    memset(ds, 0, sizeof(*ds));
+    ds->n_tokens = 1;
+    ds->pos[0]   = step->pos;
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        ds->n_kv[c] = step->n_kv[c];
+    }
+    for (int il = 0; il < GGML_MK_DRAFT_MAX_LAYERS; ++il) {
+        ds->kv[il] = step->kv[il];   // (the draft's layers write no K/V: no cells)
+    }
+    mk_step_chunks(*ds, step->mask, 1, mk->att_chunk, mk->all_chunks);
+    mk_args a = mk_launch_args(mk, 1);
+    a.st = (const mk_dstep *) mk->d_up;
+    size_t off = sz_step;
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        if (step->mask[c]) {
+            memcpy(mk->h_up + off, step->mask[c], (size_t) step->n_kv[c]*sizeof(float));
+        }
+        a.mask[c] = (const float *) (mk->d_up + off);
+        off += sz_mask[c];
+    }
+    memcpy(mk->h_up + off, step->h, (size_t) nb*sizeof(float));
+    mk_draft_args da = mk->da;
+    da.h      = (const float *) (mk->d_up + off);
+    da.k      = k;
+    da.token  = step->token;
+    da.logits = step->logits_out ? mk->da.logits : nullptr;
+    off += sz_h;
+    memcpy(mk->h_up + off, &da, sizeof(da));
+    const mk_draft_args * d_da = (const mk_draft_args *) (mk->d_up + off);
+    off += mk_align(sizeof(mk_draft_args));
+    a.embd    = nullptr;   // (a draft step's residual stream starts from the pre-projection)
+    a.pl_embd = nullptr;
+    a.h_out   = mk->hidden;   // the LM head's inputs n, which the post-projection reads
+
+    if (cudaMemcpyAsync(mk->d_up, mk->h_up, off, cudaMemcpyHostToDevice, mk->stream) != cudaSuccess) {
+        return 3;
+    }
+    void * kargs[] = { (void *) &a, (void *) &d_da };
+    cudaError_t e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
+        return 4;
+    }
+    bool ok = cudaMemcpyAsync(step->tokens_out, mk->da.tokens, (size_t) k*sizeof(int32_t), cudaMemcpyDeviceToHost, mk->stream) == cudaSuccess;
+    if (step->logits_out) {
+        ok = ok && cudaMemcpyAsync(step->logits_out, mk->da.logits, (size_t) k*mk->n_vocab*sizeof(float), cudaMemcpyDeviceToHost,
+                                   mk->stream) == cudaSuccess;
+    }
+    if (step->h_out) {
+        ok = ok && cudaMemcpyAsync(step->h_out, mk->da.h_next, (size_t) k*nb*sizeof(float), cudaMemcpyDeviceToHost, mk->stream) == cudaSuccess;
+    }
+    if (!ok) {
+        return 5;
+    }
+    e = cudaStreamSynchronize(mk->stream);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s: kernel failed: %s\n", __func__, cudaGetErrorString(e));
+        return 6;
+    }
+    return 0;
+}
+
+void ggml_cuda_mk_draft_free(void * h) {
+    ggml_cuda_mk_free(h);
 }

@@ -1,7 +1,7 @@
 // test-mk-draft: the fused MTP draft's plan and its float64 reference against llama.cpp's own gemma4-assistant graph.
 //
 //   test-mk-draft -m TARGET.gguf -md ASSISTANT.gguf [-p PROMPT] [-n STATES] [-k K] [-c N_CTX] [--fa 0|1] [--np N]
-//                 [--max-nmse X] [--max-nmse-h Y] [--max-margin M]
+//                 [--max-nmse X] [--max-nmse-h Y] [--max-margin M] [--fused]
 //
 // On the CPU (every weight and cache in host memory), for STATES live decode states of the target (greedy decoding
 // after the prompt, one token per state, so the states walk across the sliding window); --np N: N sequences, each in
@@ -20,6 +20,11 @@
 //    reference's own top-2 logit margin there is below --max-margin (a near tie that rounding may flip);
 //  - while the tokens agree, the logits and h_next of every step: NMSE vs the reference <= --max-nmse (logits: the CPU
 //    rounds the LM head's inputs to 8 bits for its Q8_0 rows, ~4e-5) and --max-nmse-h (h_next: F16/F32 rows, ~1e-6).
+// --fused (a GPU build: every layer offloaded): instead of the float64 reference (it reads weights in host memory), the
+// backend's fused draft kernel (llama_mk_draft_init without host_ok, llama_mk_draft_eval: one launch of k steps) on the
+// same inputs, checked the same way against llama.cpp's drafts on that GPU (tokens; a divergence passes only where
+// llama.cpp's own margin is below --max-margin; logits and h_next NMSE vs llama.cpp's); also the mean time of one fused
+// launch, of llama.cpp's k assistant steps and of one target decode step (for the record, not judged).
 #include "llama.h"
 #include "llama-ext.h"
 #include "llama-context.h"
@@ -95,6 +100,7 @@ int main(int argc, char ** argv) {
     std::string prompt = "The quick brown fox jumps over the lazy dog. Once upon a time";
     int n_states = 40, k = 4, n_ctx = 512, fa = 0, n_seq = 1;
     double max_nmse = 1e-3, max_nmse_h = 1e-5, max_margin = 1e-2;
+    bool fused = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> const char * {
@@ -114,6 +120,7 @@ int main(int argc, char ** argv) {
         else if (a == "--max-nmse")   max_nmse = atof(next());
         else if (a == "--max-nmse-h") max_nmse_h = atof(next());
         else if (a == "--max-margin") max_margin = atof(next());
+        else if (a == "--fused")      fused = true;
         else die(("unknown argument " + a).c_str());
     }
     if (path_tgt.empty() || path_dft.empty() || k < 1 || k > GGML_MK_DRAFT_MAX_K) {
@@ -123,7 +130,7 @@ int main(int argc, char ** argv) {
 
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers    = 0;
+    mp.n_gpu_layers    = fused ? 999 : 0;
     mp.use_extra_bufts = false;   // weights in their GGUF layout (the plan reads them in place)
     llama_model * m_tgt = llama_model_load_from_file(path_tgt.c_str(), mp);
     llama_model * m_dft = llama_model_load_from_file(path_dft.c_str(), mp);
@@ -150,14 +157,15 @@ int main(int argc, char ** argv) {
     llama_set_embeddings_nextn(ctx_dft, true, true);
 
     std::string why;
-    llama_mk_draft_ptr d = llama_mk_draft_init(*m_dft, ctx_dft->get_cparams(), why, /*host_ok*/ true, k);
+    llama_mk_draft_ptr d = llama_mk_draft_init(*m_dft, ctx_dft->get_cparams(), why, /*host_ok*/ !fused, k);
     if (!d) {
         fprintf(stdout, "test-mk-draft: no draft plan: %s\ntest-mk-draft: FAILED\n", why.c_str());
         return 1;
     }
     const ggml_mk_draft & p = *llama_mk_draft_plan(d.get());
-    printf("draft plan: %d layers, n_embd %d, target n_embd %d, n_vocab %d; the target's token_embd %s (%s)\n", p.n_layer,
-           p.n_embd, p.n_embd_bb, p.n_vocab, ggml_type_name((ggml_type) p.tok_embd.type), p.tok_embd_host ? "host memory" : "device");
+    printf("draft plan: %d layers, n_embd %d, target n_embd %d, n_vocab %d; the target's token_embd %s (%s)%s\n", p.n_layer,
+           p.n_embd, p.n_embd_bb, p.n_vocab, ggml_type_name((ggml_type) p.tok_embd.type), p.tok_embd_host ? "host memory" : "device",
+           fused ? "; checking the backend's fused draft kernel against llama.cpp's assistant graph" : "");
     for (int il = 0; il < p.n_layer; ++il) {
         const ggml_mk_layer & L = p.layers[il];
         printf("  layer %d: %s, %d heads x %d (KV heads %d), n_ff %d, reads the cache of target layer %d; wq %s, ffn_down %s\n",
@@ -188,6 +196,10 @@ int main(int argc, char ** argv) {
     mk_draft_ref::weights W;
     int fails = 0, n_steps = 0, n_same = 0, n_div = 0, n_div_bad = 0, map_bad = 0;
     double worst_lo = 0, worst_h = 0, min_margin_same = INFINITY;
+    double t_fused = 0, t_graph = 0, t_target = 0;   // us, summed
+    int    n_launch = 0, n_target = 0;
+    std::vector<int32_t> tok_f(k);
+    std::vector<float> lo_f((size_t) k*n_vocab), h_f((size_t) k*n_embd_bb);
     for (int s = 0; s < n_states; ++s) {
       for (int q = 0; q < n_seq; ++q) {
         int pos0 = pos[q];
@@ -199,6 +211,7 @@ int main(int argc, char ** argv) {
         std::vector<std::vector<float>> lo_ll, h_ll;
         std::vector<float> h = h0;
         llama_token t = id_last;
+        const int64_t t0 = ggml_time_us();
         for (int j = 0; j < k; ++j) {
             llama_batch_ext_clear(bd);
             const int32_t idx = llama_batch_ext_add_token(bd, q, t);
@@ -216,6 +229,7 @@ int main(int argc, char ** argv) {
             ids.push_back(t);
             h.assign(hn, hn + n_embd_bb);
         }
+        t_graph += ggml_time_us() - t0;
 
         // 2. the plan's inputs and the float64 reference
         ggml_mk_draft_step st = {};
@@ -245,9 +259,34 @@ int main(int argc, char ** argv) {
             }
             ggml_free(cv);
         }
-        const mk_draft_ref::result r = mk_draft_ref::run(W, p, st);
+        mk_draft_ref::result r;
+        if (fused) {
+            // the backend's kernel on the same inputs: one launch of k steps; llama.cpp's drafts are the reference
+            st.tokens_out = tok_f.data();
+            st.logits_out = lo_f.data();
+            st.h_out      = h_f.data();
+            const int64_t t1 = ggml_time_us();
+            if (!llama_mk_draft_eval(d.get(), st)) {
+                die("the fused draft kernel failed");
+            }
+            t_fused += ggml_time_us() - t1;
+            ++n_launch;
+            r.tokens.assign(ids.begin(), ids.end());
+            for (int j = 0; j < k; ++j) {
+                r.logits.emplace_back(lo_ll[j].begin(), lo_ll[j].end());
+                r.h.emplace_back(h_ll[j].begin(), h_ll[j].end());
+                r.margin.push_back(margin_f(lo_ll[j].data(), n_vocab));
+                ids[j] = tok_f[j];
+                lo_ll[j].assign(lo_f.begin() + (size_t) j*n_vocab, lo_f.begin() + (size_t) (j + 1)*n_vocab);
+                h_ll[j].assign(h_f.begin() + (size_t) j*n_embd_bb, h_f.begin() + (size_t) (j + 1)*n_embd_bb);
+            }
+        } else {
+            r = mk_draft_ref::run(W, p, st);
+        }
 
-        // 3. compare
+        // 3. compare (fused: the kernel's drafts in ids/lo_ll/h_ll, llama.cpp's in r)
+        const char * who = fused ? "the kernel" : "llama.cpp";      // (what is checked)
+        const char * ref = fused ? "llama.cpp" : "the reference";   // (against what)
         int same = 0;
         for (int j = 0; j < k; ++j) {
             ++n_steps;
@@ -256,17 +295,17 @@ int main(int argc, char ** argv) {
             worst_lo = std::max(worst_lo, e_lo);
             worst_h  = std::max(worst_h, e_h);
             if (!(e_lo <= max_nmse) || !(e_h <= max_nmse_h)) {
-                printf("FAIL sequence %d state %d (pos %d) step %d: NMSE vs float64 logits %.3g, h_next %.3g\n", q, s, pos0, j,
-                       e_lo, e_h);
+                printf("FAIL sequence %d state %d (pos %d) step %d: NMSE vs %s logits %.3g, h_next %.3g\n", q, s, pos0, j,
+                       fused ? "llama.cpp" : "float64", e_lo, e_h);
                 ++fails;
             }
             if (ids[j] != r.tokens[j]) {
                 ++n_div;
                 const bool near_tie = r.margin[j] < max_margin;
                 n_div_bad += !near_tie;
-                printf("%s sequence %d state %d (pos %d) step %d: llama.cpp drafts %d, the reference %d; reference margin %.3g, "
-                       "llama.cpp's %.3g, %d steps left uncompared\n", near_tie ? "near tie" : "FAIL", q, s, pos0, j, ids[j],
-                       r.tokens[j], r.margin[j], margin_f(lo_ll[j].data(), n_vocab), k - 1 - j);
+                printf("%s sequence %d state %d (pos %d) step %d: %s drafts %d, %s %d; %s's margin %.3g, %s's %.3g, %d steps left "
+                       "uncompared\n", near_tie ? "near tie" : "FAIL", q, s, pos0, j, who, ids[j], ref, r.tokens[j], ref,
+                       r.margin[j], who, margin_f(lo_ll[j].data(), n_vocab), k - 1 - j);
                 break;
             }
             ++same;
@@ -274,28 +313,37 @@ int main(int argc, char ** argv) {
         }
         n_same += same;
         if (s < 3 || s == n_states - 1) {
-            printf("state %d (sequence %d, pos %d, token %d): llama.cpp drafts", s, q, pos0, id_last);
+            printf("state %d (sequence %d, pos %d, token %d): %s drafts", s, q, pos0, id_last, who);
             for (int j = 0; j < k; ++j) printf(" %d", ids[j]);
-            printf("; reference");
+            printf("; %s", fused ? "llama.cpp" : "reference");
             for (int j = 0; j < k; ++j) printf(" %d", r.tokens[j]);
             printf("\n");
         }
 
         // the target takes the token (a live decode state: greedy, one step)
+        const int64_t t2 = ggml_time_us();
         if (!decode_seq(ctx_tgt, &id_last, 1, pos0, q, lo_t[q], h_t[q])) {
             die("target decode failed");
         }
+        t_target += ggml_time_us() - t2;
+        ++n_target;
         pos[q] = pos0 + 1;
       }
     }
     llama_batch_ext_free(bd);
 
     printf("%s draft tokens, %d states x k=%d (%d sequence(s); positions %d..%d of sequence 0, window crossed): %d of %d "
-           "compared steps identical, %d divergences (%d not near ties, margin bound %.3g); smallest reference margin where "
+           "compared steps identical, %d divergences (%d not near ties, margin bound %.3g); smallest %s margin where "
            "they agree %.3g\n", n_div_bad ? "FAIL" : "OK", n_states, k, n_seq, n_prompt[0], pos[0] - 1, n_same,
-           n_same + n_div, n_div, n_div_bad, max_margin, min_margin_same);
-    printf("%s logits and h_next while the tokens agree: worst NMSE vs float64 %.3g (logits, bound %.3g), %.3g (h_next, "
-           "bound %.3g)\n", fails ? "FAIL" : "OK", worst_lo, max_nmse, worst_h, max_nmse_h);
+           n_same + n_div, n_div, n_div_bad, max_margin, fused ? "llama.cpp" : "reference", min_margin_same);
+    printf("%s logits and h_next while the tokens agree: worst NMSE vs %s %.3g (logits, bound %.3g), %.3g (h_next, "
+           "bound %.3g)\n", fails ? "FAIL" : "OK", fused ? "llama.cpp's assistant graph" : "float64", worst_lo, max_nmse,
+           worst_h, max_nmse_h);
+    if (fused && n_launch > 0) {
+        printf("timing (mean, host clock, k=%d): one fused draft launch %.1f us; llama.cpp's %d assistant steps %.1f us "
+               "(%.2fx the launch); one target decode step (llama.cpp's graph) %.1f us\n", k, (double) t_fused/n_launch, k,
+               (double) t_graph/n_launch, t_graph/std::max(t_fused, 1.0), (double) t_target/std::max(n_target, 1));
+    }
     fails += n_div_bad + map_bad;
     printf("test-mk-draft: %s\n", fails ? "FAILED" : "passed");
 

@@ -102,7 +102,8 @@ int main(int argc, char ** argv) {
     }
 
     ggml_mk_model md = {};
-    ggml_mk_draft_model(&d, kv_size, &md);
+    d.n_ctx = kv_size;
+    ggml_mk_draft_model(&d, &md);
 
     // scratch for the emulated kernel (one token)
     const int n_chunk = kv_size/md.att_chunk + 1;
