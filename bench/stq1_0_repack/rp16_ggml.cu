@@ -138,7 +138,7 @@ int main(int argc, char ** argv) {
             ggml_tensor t0 = make_tensor(GGML_TYPE_STQ1_0, k, m, sizeof(block_stq1_0), wp[copy]);
             ggml_tensor t1 = make_tensor(GGML_TYPE_F32, k, n, 4, gx);
             ggml_tensor td = make_tensor(GGML_TYPE_F32, m, n, 4, gy);
-            ggml_cuda_mul_mat_vec_stq1_0_rp16(*ctx, &t0, &t1, &td);
+            ggml_cuda_mul_mat_vec_stq1_0_rp16(*ctx, &t0, &t1, nullptr, &td);
         };
         const int nrg = m/16, ntiles = k/1024;
         printf("== %lldx%lld: %d copies of %.1f MB, K split %d\n", (long long) m, (long long) k, copies, wbytes/1e6, stq1_0_rp16_ks(nrg, ntiles));
@@ -156,7 +156,7 @@ int main(int argc, char ** argv) {
                     ggml_tensor t0 = make_tensor(GGML_TYPE_STQ1_0, k, m, sizeof(block_stq1_0), wp[0]);
                     ggml_tensor t1 = make_tensor(GGML_TYPE_F32, k, 1, 4, gxc);
                     ggml_tensor td = make_tensor(GGML_TYPE_F32, m, 1, 4, gy + c*m);
-                    ggml_cuda_mul_mat_vec_stq1_0_rp16(*ctx, &t0, &t1, &td);
+                    ggml_cuda_mul_mat_vec_stq1_0_rp16(*ctx, &t0, &t1, nullptr, &td);
                 }
                 CUDA_CHECK(cudaStreamSynchronize(stream));
                 CUDA_CHECK(cudaMemcpy(one.data(), gy, m*NX*4, cudaMemcpyDeviceToHost));
@@ -184,7 +184,7 @@ int main(int argc, char ** argv) {
         ggml_cuda_pool_alloc<int8_t> q(ctx->pool(), NX*k);
         ggml_cuda_pool_alloc<float> d(ctx->pool(), NX*nb);
         run(1, 0);
-        stq1_0_rp16_quantize_kernel<<<dim3(nb, 1), 32, 0, stream>>>(gx, q.get(), d.get(), k, k);
+        stq1_0_rp16_quantize_kernel<<<dim3(nb, 1), 32, 0, stream>>>(gx, q.get(), d.get(), k, k, k);
         // the 0031 kernel alone (its q8_1 activations: zeros; only timed) on GGUF-layout copies
         std::vector<void *> wg(copies, nullptr);
         void * ym = nullptr;
@@ -203,8 +203,13 @@ int main(int argc, char ** argv) {
                     (int) (nb*sizeof(block_stq1_0)), 1, 1, (int) m, one, 0, 0, 0, one, 0, 0, 0, one, 0);
             }, {}});
         }
-        const launch_fn lf[3] = { mul_mat_vec_stq1_0_rp16_launch<1, 2, 2>, mul_mat_vec_stq1_0_rp16_launch<1, 4, 1>,
-                                  mul_mat_vec_stq1_0_rp16_launch<1, 8, 1> };
+        const launch_fn lf[3] = {
+            [](const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t s, cudaStream_t st) {
+                mul_mat_vec_stq1_0_rp16_launch<1, 2, 2>(W, A, D, y, nt, nr, s, st); },
+            [](const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t s, cudaStream_t st) {
+                mul_mat_vec_stq1_0_rp16_launch<1, 4, 1>(W, A, D, y, nt, nr, s, st); },
+            [](const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t s, cudaStream_t st) {
+                mul_mat_vec_stq1_0_rp16_launch<1, 8, 1>(W, A, D, y, nt, nr, s, st); } };
         const int ksv[3] = {2, 4, 8};
         for (int i = 0; i < 3; ++i) {
             if (ksv[i] > 2*ntiles) continue;
