@@ -53,7 +53,8 @@ from harness.util import HarnessError  # noqa: E402
 
 TYPES = ("stq1_0", "q4_0", "q8_0", "q1_0", "f16", "stq1_0_rp16")
 # pseudo types: (ggml type, extra buffer type of the device whose name contains this) -- the weights of
-# stq1_0_rp16 are STQ1_0 placed in CUDA's RP16 repack buffer type (patch 0032; MUL_MAT only)
+# stq1_0_rp16 are STQ1_0 placed in CUDA's RP16 repack buffer type (patch 0032: MUL_MAT; patch 0033: MUL_MAT_ID,
+# the routed expert stack in one buffer of it)
 EXTRA_BUFT = {"stq1_0_rp16": ("stq1_0", "STQ1_0_RP16")}
 WORKLOADS = ("big", "routed", "verify", "decode")
 # offset of the fp16 scale in a block (the rest of a block is random bytes: every byte pattern of these
@@ -178,7 +179,7 @@ class Bench:
         extra = None
         if tname in EXTRA_BUFT:
             extra = self._extra_buft(tname)
-            if extra is None or routed:
+            if extra is None:
                 return None
         w_bytes = row * case.m * (case.n_expert if routed else 1)
         per_call = row * case.m * (case.n_used if routed else 1)
@@ -228,7 +229,8 @@ class Bench:
                 if not g.fn("ggml_backend_supports_op")(self.be, out):
                     raise HarnessError(f"{case.name} {tname}: {self.device} does not run the node with its weights "
                                        f"in the extra buffer type (for STQ1_0 RP16: a supported shape, and "
-                                       f"GGML_CUDA_STQ1_0_REPACK=all below 32 Mi weights)")
+                                       f"GGML_CUDA_STQ1_0_REPACK=all below 32 Mi weights streamed per column; "
+                                       f"MUL_MAT_ID needs patch 0033)")
         buf = g.fn("ggml_backend_alloc_ctx_tensors")(ctx, self.be)
         if not buf:
             g.fn("ggml_free")(ctx)
