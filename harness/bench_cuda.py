@@ -13,6 +13,8 @@ Workloads (``--workloads``, comma separated):
   STQ1_0 gate/up stacks), top-8, 1 token, fresh random experts for every call;
 * ``verify``: 4096 x 14336 (ne00 = K = 14336, ne01 = M = 4096) at widths n = 1..5 (speculative
   verify), each width its own row in the table.
+* ``routed-verify``: the routed case with n = 2..5 tokens (speculative verify of an MoE model; every
+  token draws its own 8 experts).
 * ``decode``: the n = 1 row of ``verify`` alone.
 
 Working sets exceed the 60 MB L2: a MUL_MAT workload rotates among R copies of the weights (R such
@@ -53,9 +55,10 @@ from harness.util import HarnessError  # noqa: E402
 
 TYPES = ("stq1_0", "q4_0", "q8_0", "q1_0", "f16", "stq1_0_rp16")
 # pseudo types: (ggml type, extra buffer type of the device whose name contains this) -- the weights of
-# stq1_0_rp16 are STQ1_0 placed in CUDA's RP16 repack buffer type (patch 0032; MUL_MAT only)
+# stq1_0_rp16 are STQ1_0 placed in CUDA's RP16 repack buffer type (patch 0032: MUL_MAT; patch 0033: MUL_MAT_ID,
+# the routed expert stack in one buffer of it)
 EXTRA_BUFT = {"stq1_0_rp16": ("stq1_0", "STQ1_0_RP16")}
-WORKLOADS = ("big", "routed", "verify", "decode")
+WORKLOADS = ("big", "routed", "verify", "decode", "routed-verify")
 # offset of the fp16 scale in a block (the rest of a block is random bytes: every byte pattern of these
 # types is a valid block; scales are kept small and finite)
 SCALE_OFFSET = {"stq1_0": 40, "q4_0": 0, "q8_0": 0, "q1_0": 0}
@@ -92,6 +95,9 @@ def cases_for(workloads) -> list[Case]:
             out.append(Case("routed 256x(6144x2048) top-8", k=6144, m=2048, n=1, n_expert=256, n_used=8))
         elif w == "verify":
             out += [Case(f"4096x14336 n={n}", k=14336, m=4096, n=n) for n in range(1, 6)]
+        elif w == "routed-verify":
+            out += [Case(f"routed 256x(6144x2048) top-8 n={n}", k=6144, m=2048, n=n, n_expert=256, n_used=8)
+                    for n in range(2, 6)]
         elif w == "decode":
             out.append(Case("4096x14336 n=1", k=14336, m=4096, n=1))
         else:
@@ -178,10 +184,11 @@ class Bench:
         extra = None
         if tname in EXTRA_BUFT:
             extra = self._extra_buft(tname)
-            if extra is None or routed:
+            if extra is None:
                 return None
         w_bytes = row * case.m * (case.n_expert if routed else 1)
-        per_call = row * case.m * (case.n_used if routed else 1)
+        # weight bytes per call: the matrix (MUL_MAT, read once for all columns) or the experts used by every token
+        per_call = row * case.m * (case.n_used * case.n if routed else 1)
         copies = 1 if routed else max(2, math.ceil(min_set_mb * 2**20 / w_bytes))
         nodes = max(min_nodes, copies)
         nodes = (nodes + copies - 1) // copies * copies
@@ -228,7 +235,8 @@ class Bench:
                 if not g.fn("ggml_backend_supports_op")(self.be, out):
                     raise HarnessError(f"{case.name} {tname}: {self.device} does not run the node with its weights "
                                        f"in the extra buffer type (for STQ1_0 RP16: a supported shape, and "
-                                       f"GGML_CUDA_STQ1_0_REPACK=all below 32 Mi weights)")
+                                       f"GGML_CUDA_STQ1_0_REPACK=all below 32 Mi weights streamed per column; "
+                                       f"MUL_MAT_ID needs patch 0033)")
         buf = g.fn("ggml_backend_alloc_ctx_tensors")(ctx, self.be)
         if not buf:
             g.fn("ggml_free")(ctx)

@@ -131,6 +131,9 @@ remote() {
                     compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
                         "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'ERROR SUMMARY|tests passed|Invalid|out of bounds' | head -10 || echo "!! memcheck: $op reported errors"
                 done
+                echo "-- test-stq1_0-rp16 --quick (RP16 MUL_MAT and MUL_MAT_ID) under memcheck"
+                GGML_CUDA_STQ1_0_REPACK=all compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+                    "$bld/bin/test-stq1_0-rp16" -b CUDA0 --quick 2>&1 | grep -E 'ERROR SUMMARY|PASSED|FAILED|FAIL|Invalid|out of bounds' | head -10 || echo "!! memcheck: test-stq1_0-rp16 reported errors"
                 echo "-- pytest subset (cuBLAS prefill, get_rows, cpy) under memcheck"
                 (cd "$HERE" && STQ_CUDA_BUILD="$bld" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
                     python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stq1_0.py \

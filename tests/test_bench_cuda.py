@@ -40,6 +40,9 @@ def test_bench_workloads_match_the_issue():
     widths = sorted(c.n for c in cases.values() if c.name.startswith("4096x14336"))
     assert widths == [1, 2, 3, 4, 5]
     assert all(c.k == 14336 and c.m == 4096 for c in cases.values() if c.name.startswith("4096x14336"))
+    rv = bench_cuda.cases_for(["routed-verify"])
+    assert [(c.k, c.m, c.n_expert, c.n_used, c.n) for c in rv] == [(6144, 2048, 256, 8, n) for n in range(2, 6)]
+    assert len({c.name for c in rv} | set(cases)) == len(rv) + len(cases)  # row labels stay unique
 
 
 def test_device_script_usage():

@@ -6,9 +6,13 @@ __global__ and __shared__ rewritten for the fiber emulation of cuda_hostemu/stq1
 fiber; real barriers and shuffles), and checked on random STQ1_0 weights: the unpacked repack gives the GGUF bytes
 back; MUL_MAT with 1..8 columns matches ggml's dequantized weights times the kernel's quantized activations
 (tight) and the float activations (NMSE); every column is bit-identical to its one-column product; the K splits
-4 and 8 agree; which matrices the layout supports and the default policy repacks. Planted bugs
-(an activation permutation off by one lane, a field of the weight layout moved) must make it fail. The real kernel
-runs on the lent H200 (tests/test_cuda_stq1_0_rp16.py).
+4 and 8 agree; which matrices the layout supports and the default policy repacks. MUL_MAT_ID on expert stacks
+(3, 5, 7, 33 experts, non-square, 1 or n_used columns per token, 1..8 tokens, ids with a padded row stride, and in
+the full run Hy4's 256 experts of 2048 x 6144 top-8): the stack's repack equals its experts' 2-D repacks, the round
+trip, float64 as above, every column bit-identical to its token alone and to the one-column product of its expert.
+Planted bugs (an activation permutation off by one lane, a field of the weight layout moved, an expert stride one
+tile short, the ids' row stride ignored) must make it fail. The real kernel runs on the lent H200
+(tests/test_cuda_stq1_0_rp16.py).
 """
 import os
 import re
@@ -36,6 +40,10 @@ PLANTS = [
      "return 64*(kk/2) + 16*t + 4*(2*(kk % 2) + h) + (p ^ 1);"),
     ("weight field row swap", "const int f  = 4*kk + 2*((G % 8) / 4) + r / 8;",
      "const int f  = 4*kk + 2*((G % 8) / 4) + (r / 8 ^ (G == 5));"),
+    ("expert stride one tile short", "ida.expert_u4      = (int64_t) (src0->nb[2]/16);",
+     "ida.expert_u4      = (int64_t) (src0->nb[2]/16) - STQ1_0_RP16_TILE_BYTES/16;"),
+    ("ids row stride ignored", "ida.ids_stride     = (int64_t) (ids->nb[1]/sizeof(int32_t));",
+     "ida.ids_stride     = ids->ne[0];"),
 ]
 
 
