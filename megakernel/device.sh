@@ -88,9 +88,10 @@ stage_models() {
         gemma3)
             [ -f "$MODELS/gemma3.gguf" ] || { echo "gemma3: not received (stage receive)"; return 1; } ;;
         e2b|e4b)
-            [ -f "$MODELS/$m.gguf" ] || \
+            [ -f "$MODELS/$m.gguf" ] && [ -f "$MODELS/$m-assistant.gguf" ] || \
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/megakernel/synth_gpu.py" --shape "$m" \
-                    --tokenizer-from "$DEV/mk/tokenizer.gguf" --out "$MODELS/$m.gguf" ${MK_SYNTH_ARGS:-} | tail -3 ;;
+                    --tokenizer-from "$DEV/mk/tokenizer.gguf" --out "$MODELS/$m.gguf" --assistant "$MODELS/$m-assistant.gguf" \
+                    ${MK_SYNTH_ARGS:-} | tail -3 ;;
         *) echo "unknown model $m"; return 2 ;;
         esac
     done
@@ -190,17 +191,22 @@ stage_ncusrc() {
 # decode states across the sliding window (megakernel/tests/test-mk-draft.cpp --fused); then a planted bug (grid
 # barriers off) that must fail, and memcheck over a few launches
 stage_draft() {
-    local m rc=0 tol
+    local m rc=0 tol tgt dft runs args
     for m in ${MK_DRAFT_MODELS:-small-h small}; do
-        local tgt="$MODELS/$m/gemma4-synth-target.gguf" dft="$MODELS/$m/gemma4-synth-assistant.gguf"
+        case "$m" in
+        e2b|e4b) tgt="$(model_path "$m")"; dft="$MODELS/$m-assistant.gguf"; runs=$'-k 3 -n 24\n-k 8 -n 8' ;;
+        *)       tgt="$MODELS/$m/gemma4-synth-target.gguf"; dft="$MODELS/$m/gemma4-synth-assistant.gguf"
+                 runs=$'-k 4 -n '"${MK_DRAFT_N:-160}"$'\n-k 8 -n 48 --np 2\n-k 1 -n 48 --fa 1' ;;
+        esac
         # Q4_0: llama.cpp rounds the activations to q8_1 per 32 for mmvq, the kernel to its own 8-bit records
-        tol=""; [ "$m" = small ] && tol="--max-nmse 1e-2 --max-nmse-h 1e-2"
-        for args in "-k 4 -n ${MK_DRAFT_N:-160}" "-k 8 -n 48 --np 2" "-k 1 -n 48 --fa 1"; do
+        tol=""; [ "$m" != small-h ] && [ "$m" != small-f16 ] && tol="--max-nmse 1e-2 --max-nmse-h 1e-2"
+        while IFS= read -r args; do
             log "test-mk-draft --fused on $m: $args"
-            "$BLD/bin/test-mk-draft" -m "$tgt" -md "$dft" --fused $args $tol 2>&1 | tee -a "$OUT/draft.log" \
+            # shellcheck disable=SC2086
+            "$BLD/bin/test-mk-draft" -m "$tgt" -md "$dft" --fused $args $tol < /dev/null 2>&1 | tee -a "$OUT/draft.log" \
                 | grep -E "^(OK|FAIL|near tie|state [0-9]+ |draft plan|  layer|timing|test-mk-draft)" | head -24
             [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-        done
+        done <<< "$runs"
     done
     log "planted bug: grid barriers off in the draft kernel (must FAIL)"
     LLAMA_MEGAKERNEL_DEBUG=1 "$BLD/bin/test-mk-draft" -m "$MODELS/small-h/gemma4-synth-target.gguf" \

@@ -728,6 +728,8 @@ struct llama_mk_draft : llama_mk_staging {
     ggml_backend_mk_draft_eval_t eval       = nullptr;
     ggml_backend_mk_draft_free_t free_fn    = nullptr;
     void                       * backend_mk = nullptr;
+
+    bool said_k = false;   // (llama_mk_draft_tokens: a k above k_max logged once)
 };
 
 void llama_mk_draft_deleter::operator()(llama_mk_draft * d) const {
@@ -957,4 +959,46 @@ bool llama_mk_draft_inputs(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t
     }
     st.pos = pos;
     return true;
+}
+
+llama_mk_draft_ptr llama_mk_draft_open(const llama_model & model, const llama_cparams & cparams, const llama_mk * mk_tgt) {
+    auto off = [](const std::string & why) {
+        LLAMA_LOG_INFO("llama_mk_draft: the assistant's graph drafts: %s\n", why.c_str());
+        return llama_mk_draft_ptr();
+    };
+    if (const char * e = getenv("LLAMA_MEGAKERNEL_DRAFT"); e && (strcmp(e, "0") == 0 || strcmp(e, "off") == 0)) {
+        return off("LLAMA_MEGAKERNEL_DRAFT=0");
+    }
+    if (!mk_tgt) {
+        return off("the target context does not run on the megakernel");
+    }
+    std::string why;
+    llama_mk_draft_ptr d = llama_mk_draft_init(model, cparams, why, /*host_ok*/ false, GGML_MK_DRAFT_MAX_K);
+    if (!d) {
+        return off(why);
+    }
+    LLAMA_LOG_INFO("llama_mk_draft: the fused MTP draft kernel drafts (%d assistant layers, one launch of k <= %d steps per "
+                   "sequence)\n", d->plan.n_layer, d->plan.k_max);
+    return d;
+}
+
+int32_t llama_mk_draft_tokens(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t seq, int32_t token, int32_t pos,
+                              const float * h, int32_t k, int32_t * out) {
+    if (k < 1 || k > d->plan.k_max) {
+        if (!d->said_k) {
+            d->said_k = true;
+            LLAMA_LOG_INFO("llama_mk_draft: %d draft tokens asked, the fused kernel drafts at most %d: the graph drafts\n",
+                           k, d->plan.k_max);
+        }
+        return -1;
+    }
+    ggml_mk_draft_step st = {};
+    if (!llama_mk_draft_inputs(d, mem_dft, seq, pos, st)) {
+        return -1;
+    }
+    st.k          = k;
+    st.token      = token;
+    st.h          = h;
+    st.tokens_out = out;
+    return llama_mk_draft_eval(d, st) ? k : -1;
 }

@@ -62,3 +62,14 @@ bool llama_mk_draft_inputs(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t
 // one launch of the backend's fused draft kernel (a plan made without host_ok): st from llama_mk_draft_inputs plus k,
 // token, h and the outputs; false = error (logged)
 bool llama_mk_draft_eval(llama_mk_draft * d, const ggml_mk_draft_step & st);
+
+// the fused draft of an MTP assistant's context (model, cparams: the assistant's) when its target context runs on the
+// megakernel (mk_tgt: the target's, or nullptr) and LLAMA_MEGAKERNEL_DRAFT is not 0; else nullptr. Logs one line
+// either way (why the graph drafts)
+llama_mk_draft_ptr llama_mk_draft_open(const llama_model & model, const llama_cparams & cparams, const llama_mk * mk_tgt);
+
+// k greedy draft tokens of sequence seq from (token, h) at position pos in one launch (draft-mtp's drafts of a
+// shared-KV assistant): out[0..k-1]; returns k, or -1 (k above the plan's k_max, or an error; logged): the caller
+// drafts with the graph
+int32_t llama_mk_draft_tokens(llama_mk_draft * d, llama_memory_i * mem_dft, int32_t seq, int32_t token, int32_t pos,
+                              const float * h, int32_t k, int32_t * out);

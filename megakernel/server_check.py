@@ -13,11 +13,14 @@ plain greedy decoding of the F16 target with the megakernel (-np 1):
   - two slots with a unified cache (-kvu): reported only (interleaved cells change the attention's chunks);
   - draft-mtp k = 1..4 with the MTP pair (--mtp-target/--mtp-assistant: small-h, an assistant that reads the target's
     hidden state strongly; else --target/--assistant): the target's decode and verify batches are megakernel steps
-    that also give the hidden states the assistant reads (embeddings_nextn); ids and log-probabilities equal to
-    greedy with the megakernel on that target, no batch falls back to the graph ("standard graph for this batch"),
-    and the drafts are accepted at least 0.9x as often as with the graph's hidden states (LLAMA_MEGAKERNEL=0; the
-    CUDA graph's greedy text may depart from the megakernel's, so the counts are not judged equal; a wrong hidden
-    state costs far more: on metal-emu, not normed 5/40 accepted against 19/27);
+    that also give the hidden states the assistant reads (embeddings_nextn), and the drafts come from the fused MTP
+    draft kernel (one launch of k steps; the log says so); ids and log-probabilities equal to greedy with the
+    megakernel on that target, no batch falls back to the graph ("standard graph for this batch"), the drafts
+    accepted as often as with the assistant's graph drafting on the same megakernel target (LLAMA_MEGAKERNEL_DRAFT=0:
+    the same greedy drafts, so the counts agree within 1 %), and at least 0.9x as often as with the graph's hidden
+    states (LLAMA_MEGAKERNEL=0; the CUDA graph's greedy text may depart from the megakernel's, so the counts are not
+    judged equal; a wrong hidden state costs far more: on metal-emu, not normed 5/40 accepted against 19/27);
+  - draft-mtp k = 3 with two slots (-np 2, short prompts, -fa on): equal to one-slot greedy, fused drafts;
   - the standard graph (LLAMA_MEGAKERNEL=0), greedy: reported (agreement with the megakernel; not judged).
 160 generated tokens cross the synthetic model's 128-token sliding window. Exit status 1 when a check fails.
 
@@ -138,26 +141,52 @@ def main() -> int:
     mtp_assistant = a.mtp_assistant or a.assistant
     one = ["-np", "1", "-fa", "off"]
     greedy_mtp = greedy if mtp_target == a.target else server_run("greedy, MTP target, megakernel", one, mk, target=mtp_target)
+    fused_line = "llama_mk_draft: the fused MTP draft kernel drafts"
     for k in (1, 2, 3, 4):
         label = f"draft-mtp k={k}, megakernel"
         got = server_run(label, mtp_args(mtp_assistant, k) + one, mk, target=mtp_target)
+        unf = server_run(f"draft-mtp k={k}, megakernel, graph drafts", mtp_args(mtp_assistant, k) + one,
+                         {**mk, "LLAMA_MEGAKERNEL_DRAFT": "0"}, target=mtp_target)
         ref = server_run(f"draft-mtp k={k}, graph", mtp_args(mtp_assistant, k) + one, {"LLAMA_MEGAKERNEL": "0"}, target=mtp_target)
         fell = [x for x in got.log.splitlines() if "llama_mk: standard graph for this batch" in x]
+        fused = fused_line in got.log and fused_line not in unf.log
         c = judged_compare(label, greedy_mtp, got)
         if c is None:
             continue
         rate = got.draft_accepted/got.draft_n if got.draft_n else 0.0
         rate_ref = ref.draft_accepted/ref.draft_n if ref.draft_n else 0.0
+        same_drafts = (abs(got.draft_accepted - unf.draft_accepted) <= max(1, 0.01*unf.draft_accepted) and
+                       abs(got.draft_n - unf.draft_n) <= max(1, 0.01*unf.draft_n))
         ok = (c.tokens_equal and c.bits_equal and got.mk_on and not fell and 0 < got.draft_accepted < got.draft_n
-              and rate >= 0.9*rate_ref)
+              and rate >= 0.9*rate_ref and fused and same_drafts)
         print(("ok: " if ok else "FAIL: ") + spec.summary(greedy_mtp, got, c) +
-              f" (with the graph's hidden states: {ref.draft_accepted}/{ref.draft_n})" +
+              f"; fused drafts {'on' if fused else 'NOT on'} (graph drafts on the megakernel target: "
+              f"{unf.draft_accepted}/{unf.draft_n}; with the graph's hidden states: {ref.draft_accepted}/{ref.draft_n})" +
               (f"; fell back to the graph: {fell[:2]}" if fell else ""))
         results[label] = {"ok": ok, "tokens_equal": c.tokens_equal, "bits_equal": c.bits_equal, "fallback": fell[:4],
-                          "draft_n": got.draft_n, "draft_accepted": got.draft_accepted,
+                          "fused_drafts": fused, "draft_n": got.draft_n, "draft_accepted": got.draft_accepted,
+                          "graph_drafts_draft_n": unf.draft_n, "graph_drafts_draft_accepted": unf.draft_accepted,
                           "graph_draft_n": ref.draft_n, "graph_draft_accepted": ref.draft_accepted,
                           "tok_s": got.n_tokens/got.seconds if got.seconds else 0.0,
-                          "graph_tok_s": ref.n_tokens/ref.seconds if ref.seconds else 0.0}
+                          "graph_drafts_tok_s": unf.n_tokens/unf.seconds if unf.seconds else 0.0,
+                          "graph_tok_s": ref.n_tokens/ref.seconds if ref.seconds else 0.0,
+                          "greedy_tok_s": greedy_mtp.n_tokens/greedy_mtp.seconds if greedy_mtp.seconds else 0.0}
+        fails += not ok
+
+    # two slots (one KV stream each), fused drafts per sequence, verify batches of both slots in one megakernel step
+    greedy_mtp_short = server_run("greedy, MTP target, short prompts, -fa on, megakernel", ["-np", "1", *fa_on], mk,
+                                  prompts=short, target=mtp_target)
+    label = "draft-mtp k=3, -np 2 concurrent, short prompts, -fa on, megakernel"
+    got = server_run(label, mtp_args(mtp_assistant, 3) + ["-np", "2", *fa_on], mk, concurrent=True, prompts=short,
+                     target=mtp_target)
+    c = judged_compare(label, greedy_mtp_short, got)
+    if c is not None:
+        fused = fused_line in got.log
+        ok = c.tokens_equal and c.bits_equal and got.mk_on and fused and 0 < got.draft_accepted < got.draft_n
+        print(("ok: " if ok else "FAIL: ") + spec.summary(greedy_mtp_short, got, c) + f"; fused drafts {'on' if fused else 'NOT on'}")
+        results[label] = {"ok": ok, "tokens_equal": c.tokens_equal, "bits_equal": c.bits_equal, "fused_drafts": fused,
+                          "draft_n": got.draft_n, "draft_accepted": got.draft_accepted,
+                          "tok_s": got.n_tokens/got.seconds if got.seconds else 0.0}
         fails += not ok
 
     # a unified cache with two slots interleaves the sequences' cells, and the attention's chunks are counted from

@@ -5,8 +5,12 @@ Q8_0 (token embedding, untied LM head), F16 per-layer token embeddings, F32 norm
 metadata and tokenizer as harness/synth_gemma4.py writes them. numpy alone needs many minutes for
 the 8 B parameters of the E4B shape; this takes about a minute. The GPU quantizers are checked
 byte-identical to gguf-py's reference quantizers on a sample before anything is written.
+--assistant also writes a gemma4-assistant (MTP head) for it, shaped like Gemma 4's: 4 layers (SSSG) of hidden size
+256 reading the target's last sliding-window and global layers' caches, 4 query heads of the target's head sizes,
+FFN 2048, Q4_0 matrices, F16 projections, a tied Q8_0 LM head over the whole vocabulary; random, so its drafts are
+rarely accepted: it is for the fused draft's speed and its agreement with llama.cpp's assistant graph.
 
-    python3 megakernel/synth_gpu.py --shape e4b --tokenizer-from TOKENIZER.gguf --out e4b.gguf
+    python3 megakernel/synth_gpu.py --shape e4b --tokenizer-from TOKENIZER.gguf --out e4b.gguf [--assistant e4b-a.gguf]
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer-from", type=Path, required=True, help="GGUF whose tokenizer.* metadata is copied")
     ap.add_argument("--out", type=Path, required=True, help="the GGUF to write (atomically)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--assistant", type=Path, help="also write an MTP assistant (gemma4-assistant) for the target here")
     args = ap.parse_args(argv)
 
     import torch
@@ -105,9 +110,35 @@ def main(argv=None) -> int:
     def norm_w(k, scale=1.0):
         return (scale * (0.5 + torch.rand(k, device="cuda"))).cpu().numpy().astype(np.float32)
 
-    tmp = args.out.with_name(f".{args.out.name}.tmp-{os.getpid()}")
-    w = gguf.GGUFWriter(str(tmp), "gemma4")
-    try:
+    Q8, Q4 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0
+
+    def write(path: Path, arch: str, fill) -> None:
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        w = gguf.GGUFWriter(str(tmp), arch)
+        try:
+            fill(w)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def adders(w):
+        def add_q(name, x, qt):
+            q = (q8_0 if qt == Q8 else q4_0)(x).cpu().numpy()
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
+
+        def add_f(name, x, dtype=np.float32):
+            arr = x if isinstance(x, np.ndarray) else x.cpu().numpy()
+            w.add_tensor(name, np.ascontiguousarray(arr.astype(dtype)))
+        return add_q, add_f
+
+    n_pairs = s["hd_global"] // 2
+    rope_freqs = np.array([1.0] * (n_pairs // 4) + [1e30] * (n_pairs - n_pairs // 4), np.float32)
+
+    def fill_target(w) -> None:
         w.add_name(f"gemma4 {args.shape}-shaped synthetic target (random weights, stq-metal)")
         w.add_context_length(8192)
         w.add_embedding_length(n)
@@ -124,21 +155,12 @@ def main(argv=None) -> int:
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
         sg._copy_tokenizer(gguf, reader, w)
 
-        Q8, Q4 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0
-
-        def add_q(name, x, qt):
-            q = (q8_0 if qt == Q8 else q4_0)(x).cpu().numpy()
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
-
-        def add_f(name, x, dtype=np.float32):
-            arr = x if isinstance(x, np.ndarray) else x.cpu().numpy()
-            w.add_tensor(name, np.ascontiguousarray(arr.astype(dtype)))
+        add_q, add_f = adders(w)
 
         add_q("token_embd.weight", torch.randn(n_vocab, n, device="cuda"), Q8)
         add_q("output.weight", rnd(n_vocab, n, 3.0), Q8)
         add_f("output_norm.weight", np.ones(n, np.float32))
-        n_pairs = s["hd_global"] // 2
-        add_f("rope_freqs.weight", np.array([1.0] * (n_pairs // 4) + [1e30] * (n_pairs - n_pairs // 4), np.float32))
+        add_f("rope_freqs.weight", rope_freqs)
         n_pl_all = s["n_pl"] * s["n_layer"]
         pl = np.empty((n_vocab, n_pl_all), np.float16)
         for r0 in range(0, n_vocab, 16384):
@@ -168,14 +190,47 @@ def main(argv=None) -> int:
             add_f(pre + "proj.weight", rnd(n, s["n_pl"], 1.0))
             add_f(pre + "post_norm.weight", norm_w(n, 0.5))
             add_f(pre + "layer_output_scale.weight", np.ones(1, np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, args.out)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    def fill_assistant(w) -> None:
+        na, pat, n_head, ff = 256, "SSSG", 4, 2048
+        w.add_name(f"gemma4 {args.shape}-shaped synthetic MTP assistant (random weights, stq-metal)")
+        w.add_context_length(8192)
+        w.add_embedding_length(na)
+        w.add_embedding_length_out(n)
+        w.add_block_count(len(pat))
+        w.add_nextn_predict_layers(len(pat))
+        w.add_feed_forward_length(ff)
+        pa = sg.SynthParams(n_embd=n, n_embd_assistant=na, assistant_pattern=pat, n_head=n_head, n_head_kv=s["n_head_kv"],
+                            head_dim_swa=s["hd_swa"], head_dim_global=s["hd_global"], n_ff=ff, window=s["window"])
+        sg._common_attn_kv(gguf, w, pa, pat)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+        sg._copy_tokenizer(gguf, reader, w)
+        add_q, add_f = adders(w)
+        add_q("token_embd.weight", rnd(n_vocab, na, 3.0), Q8)
+        add_f("output_norm.weight", norm_w(na))
+        add_f("rope_freqs.weight", rope_freqs)
+        add_f("nextn.pre_projection.weight", rnd(na, 2*n, 1.0), np.float16)
+        add_f("nextn.post_projection.weight", rnd(n, na, 1.0), np.float16)
+        for il, c in enumerate(pat):
+            d = s["hd_swa"] if c == "S" else s["hd_global"]
+            pre = f"blk.{il}."
+            add_f(pre + "attn_norm.weight", norm_w(na))
+            add_q(pre + "attn_q.weight", rnd(n_head * d, na, 1.0), Q4)
+            add_f(pre + "attn_q_norm.weight", norm_w(d))
+            add_q(pre + "attn_output.weight", rnd(na, n_head * d, 1.0), Q4)
+            add_f(pre + "post_attention_norm.weight", norm_w(na, 0.5))
+            add_f(pre + "ffn_norm.weight", norm_w(na))
+            add_q(pre + "ffn_gate.weight", rnd(ff, na, 1.0), Q4)
+            add_q(pre + "ffn_up.weight", rnd(ff, na, 1.0), Q4)
+            add_q(pre + "ffn_down.weight", rnd(na, ff, 1.0), Q4)
+            add_f(pre + "post_ffw_norm.weight", norm_w(na, 0.5))
+            add_f(pre + "layer_output_scale.weight", np.ones(1, np.float32))
+
+    write(args.out, "gemma4", fill_target)
     print(f"synth_gpu: wrote {args.out} ({args.out.stat().st_size / 2**30:.2f} GiB) in {time.time() - t0:.0f} s")
+    if args.assistant:
+        write(args.assistant, "gemma4-assistant", fill_assistant)
+        print(f"synth_gpu: wrote {args.assistant} ({args.assistant.stat().st_size / 2**20:.0f} MiB)")
     return 0
 
 
