@@ -1407,6 +1407,8 @@ MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsign
 MK_DEVICE float mk_hi(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u >> 16))); }
 
 template <bool B> struct mk_bool { static constexpr bool value = B; };
+// (the attention's fold: a chunk's substitution of the step's own cells, handed to the chunk code as its argument)
+template <class F> struct mk_sub { static constexpr bool value = true; F & f; };
 
 // a value of the attention's partial results: in this block's shared memory (SH) or written by other blocks (L2)
 template <bool SH>
@@ -1416,6 +1418,14 @@ MK_DEVICE float mk_ld_part(const float * p) {
     } else {
         return mk_ldcg(p);
     }
+}
+
+// the layer's attention folds its heads phase in (GGML_MK_VAR_FOLD_HEADS on): the block-per-(token, head) way and the fold
+// fit (out of line: the kernel body keeps its registers)
+MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
+    const ggml_mk_layer & L = a.m->layers[il];
+    return !(a.m->debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
+           mk_fold_plan(L, M, a.st->n_ch[L.is_swa ? 1 : 0], a.m->max_head_dim, a.xs_bytes + a.xq_bytes).fits;
 }
 
 // BLK: one block per (token, head) (returns false, having done nothing, when the step's chunk list is longer than the
@@ -1458,8 +1468,46 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     half * frows     = (half *) (sm + F.rows);
     int * fmeta      = (int *) (sm + F.meta);   // [0] count, [1..M] tokens, [1+M..2M] cells, [1+2M..4M] jobs
 
-    // chunk ck (of the step's list) of (token, head) mh: its running max, sum and weighted V sum
-    auto chunk = [&](int mh, int ck, float & mx, float & l, float (&a0)[NP], float (&a1)[NP]) {
+    // (FOLD) the step's own cells among cells c .. c+CPI-1 (< c1): their K/V from the rows this block made (the F16 values
+    // the cache gets), in place of what the cache holds now (the writer may not have written them yet). (A generic lambda:
+    // instantiated only where a chunk has such cells, the other instantiations' code stays as it was)
+    auto own_rows = [&](int c, int c1, auto & kr, auto & vr) {
+        for (int t = 0; t < fmeta[0]; ++t) {
+            const int jt = fmeta[1 + M + t] - c;
+            if (jt < 0 || jt >= CPI) {
+                continue;
+            }
+            const half * kt = frows + (size_t) 2*t*hd;
+            const half * vt_ = kt + hd;
+#pragma unroll
+            for (int j = 0; j < CPI; ++j) {
+                if (j != jt || c + j >= c1) {
+                    continue;
+                }
+#pragma unroll
+                for (int i = 0; i < NP; ++i) {
+                    if (i < np) {
+                        const int d = 2*lane + 64*i;
+                        kr[j][i] = *(const unsigned *) (kt + d);
+                        if (!vt) {
+                            vr[j][i] = *(const unsigned *) (vt_ + d);
+                        } else {
+                            const int sh = 16*(j & 1);
+                            const unsigned u0 = *(const unsigned short *) (vt_ + d);
+                            const unsigned u1 = *(const unsigned short *) (vt_ + d + 1);
+                            vr[j/2][i]         = (vr[j/2][i]         & ~(0xffffu << sh)) | (u0 << sh);
+                            vr[CPI/2 + j/2][i] = (vr[CPI/2 + j/2][i] & ~(0xffffu << sh)) | (u1 << sh);
+                        }
+                    }
+                }
+            }
+        }
+    };
+
+    // chunk ck (of the step's list) of (token, head) mh: its running max, sum and weighted V sum. SUB (FOLD, a chunk
+    // with some of the step's own cells whose rows the block holds): those cells' K/V from the block's rows
+    auto chunk = [&](int mh, int ck, float & mx, float & l, float (&a0)[NP], float (&a1)[NP], auto sub) {
+        constexpr bool SUB = decltype(sub)::value;
         const int ch  = st.ch[cache][ck];
         const int m   = mh / L.n_head;
         const int h   = mh % L.n_head;
@@ -1479,14 +1527,6 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             }
             a0[i] = 0.0f;
             a1[i] = 0.0f;
-        }
-        // FOLD: the range of the step's own cells this block holds rows of (none: lo > hi)
-        int f_lo = 0x7fffffff, f_hi = -1;
-        if constexpr (FOLD) {
-            for (int t = 0; t < fmeta[0]; ++t) {
-                f_lo = min(f_lo, fmeta[1 + M + t]);
-                f_hi = max(f_hi, fmeta[1 + M + t]);
-            }
         }
         mx = -INFINITY;
         l  = 0.0f;
@@ -1540,38 +1580,8 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                     }
                 }
             }
-            if constexpr (FOLD) {
-                // the step's own cells: the rows this block made (the F16 values the cache gets), in place of what the
-                // cache holds now (the writer may not have written them yet)
-                if (c <= f_hi && c + CPI > f_lo) {
-                    for (int t = 0; t < fmeta[0]; ++t) {
-                        const int jt = fmeta[1 + M + t] - c;
-                        const half * kt = frows + (size_t) 2*t*hd;
-                        const half * vt_ = kt + hd;
-#pragma unroll
-                        for (int j = 0; j < CPI; ++j) {
-                            if (j != jt || c + j >= c1) {
-                                continue;
-                            }
-#pragma unroll
-                            for (int i = 0; i < NP; ++i) {
-                                if (i < np) {
-                                    const int d = 2*lane + 64*i;
-                                    kr[j][i] = *(const unsigned *) (kt + d);
-                                    if (!vt) {
-                                        vr[j][i] = *(const unsigned *) (vt_ + d);
-                                    } else {
-                                        const int sh = 16*(j & 1);
-                                        const unsigned u0 = *(const unsigned short *) (vt_ + d);
-                                        const unsigned u1 = *(const unsigned short *) (vt_ + d + 1);
-                                        vr[j/2][i]         = (vr[j/2][i]         & ~(0xffffu << sh)) | (u0 << sh);
-                                        vr[CPI/2 + j/2][i] = (vr[CPI/2 + j/2][i] & ~(0xffffu << sh)) | (u1 << sh);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+            if constexpr (SUB) {
+                sub.f(c, c1, kr, vr);
             }
             float mv[CPI];
             bool any = false;
@@ -1771,7 +1781,20 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             }
             for (int ck = wb; ck < nch; ck += MK_WARPS) {
                 float mx, l, a0[NP], a1[NP];
-                chunk(mh, ck, mx, l, a0, a1);
+                bool own = false;   // (FOLD) a chunk with some of the step's own cells
+                if constexpr (FOLD) {
+                    const int c0 = st.ch[cache][ck]*CH;
+                    for (int t = 0; t < fmeta[0]; ++t) {
+                        own = own || (fmeta[1 + M + t] >= c0 && fmeta[1 + M + t] < c0 + CH);
+                    }
+                }
+                if (own) {
+                    if constexpr (FOLD) {
+                        chunk(mh, ck, mx, l, a0, a1, mk_sub<decltype(own_rows)>{own_rows});
+                    }
+                } else {
+                    chunk(mh, ck, mx, l, a0, a1, mk_bool<false>());
+                }
                 put(slots + (size_t) ck*PS, mx, l, a0, a1);
             }
             __syncthreads();
@@ -1787,7 +1810,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         const int ck = u % nch;               // the ck-th chunk of the list: its partial result's slot
         const int mh = u / nch;
         float mx, l, a0[NP], a1[NP];
-        chunk(mh, ck, mx, l, a0, a1);
+        chunk(mh, ck, mx, l, a0, a1, mk_bool<false>());
 
         // this chunk's partial result, then the (token, head)'s chunk count
         float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
@@ -1810,6 +1833,15 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         }
     }
     return true;
+}
+
+// the attention with the heads phase folded in (one call site in the kernel body: each call site costs it stack)
+MK_DEVICE_FN void mk_attention_fold(const mk_args & a, int il, int M, float * sm) {
+    if (a.m->layers[il].head_dim <= 256) {
+        mk_attention<4, true, true>(a, il, M, sm);
+    } else {
+        mk_attention<GGML_MK_MAX_HEAD_DIM/64, true, true>(a, il, M, sm);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2038,23 +2070,20 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         // Q/K/V norms, rope, the new K/V rows into the cache: a phase of their own, or (variant GGML_MK_VAR_FOLD_HEADS, where
         // the attention takes its block-per-(token, head) way and the fold fits: mk_fold_plan) done by the attention's
         // blocks themselves, one grid barrier less
-        const bool fold = (md.debug_flags & GGML_MK_VAR_FOLD_HEADS) && !(md.debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
-                          mk_fold_plan(L, M, a.st->n_ch[L.is_swa ? 1 : 0], md.max_head_dim, a.xs_bytes + a.xq_bytes).fits;
+        const bool fold = (md.debug_flags & GGML_MK_VAR_FOLD_HEADS) && mk_fold_on(a, il, M);
         if (!fold) {
             mk_heads(a, il, M, xs);
             mk_grid_sync(a, MK_PH_HEADS);
         }
 
-        if (L.head_dim <= 256) {
-            if (fold) {
-                mk_attention<4, true, true>(a, il, M, xs);
-            } else if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
+        if (fold) {
+            mk_attention_fold(a, il, M, xs);
+        } else if (L.head_dim <= 256) {
+            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
                 mk_attention<4, false>(a, il, M, xs);
             }
         } else {
-            if (fold) {
-                mk_attention<GGML_MK_MAX_HEAD_DIM/64, true, true>(a, il, M, xs);
-            } else if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true>(a, il, M, xs)) {
+            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true>(a, il, M, xs)) {
                 mk_attention<GGML_MK_MAX_HEAD_DIM/64, false>(a, il, M, xs);
             }
         }
