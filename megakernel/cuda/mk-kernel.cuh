@@ -1369,13 +1369,12 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
 }
 
 // the attention with the heads phase folded in (GGML_MK_VAR_FOLD_HEADS): a block's area for a (token, head) at the start
-// of the staged-inputs region, in floats: q: its Q (normed, roped, times q_scale); rows: [t][K, V][head_dim] F16, the new
-// K/V rows of the step's tokens t it needs, rounded as the cache stores them; red: the norms' scratch; meta (ints): the
-// count of those tokens, the tokens, their cells, mk_head_vecs's jobs; slots: the chunks' partial results, before them the
-// head vectors' scratch (max of both). fits: the staged-inputs region holds it (a step's sizes alone: the same answer in
-// every block; else the layer keeps its heads phase)
+// of the staged-inputs region, in floats: q: its Q (normed, roped, times q_scale); red: the norms' scratch; jobs (ints):
+// mk_head_vecs's K and V jobs of the step's tokens; slots: the chunks' partial results, before them the head vectors'
+// scratch (max of both). fits: the staged-inputs region holds it (a step's sizes alone: the same answer in every block;
+// else the layer keeps its heads phase)
 struct mk_fold {
-    int q, rows, red, meta, slots, fits;
+    int q, red, jobs, slots, fits;
 };
 MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max_head_dim, int bytes) {
     const int hd  = L.head_dim;
@@ -1383,10 +1382,9 @@ MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max
     const int nv  = 1 + 2*nkv;   // head vectors at most
     mk_fold f;
     f.q     = 0;
-    f.rows  = hd;
-    f.red   = f.rows + nkv*hd;
-    f.meta  = f.red + nv*hd/WARP_SIZE;
-    f.slots = (f.meta + 1 + 4*M + 3)/4*4;   // (16-byte aligned)
+    f.red   = hd;
+    f.jobs  = f.red + nv*hd/WARP_SIZE;
+    f.slots = (f.jobs + 2*nkv + 3)/4*4;   // (16-byte aligned)
     const int ps   = 4 + max_head_dim;
     const int need = nch*ps > nv*hd ? nch*ps : nv*hd;
     f.fits = (f.slots + need)*(int) sizeof(float) <= bytes;
@@ -1407,8 +1405,6 @@ MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsign
 MK_DEVICE float mk_hi(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u >> 16))); }
 
 template <bool B> struct mk_bool { static constexpr bool value = B; };
-// (the attention's fold: a chunk's substitution of the step's own cells, handed to the chunk code as its argument)
-template <class F> struct mk_sub { static constexpr bool value = true; F & f; };
 
 // a value of the attention's partial results: in this block's shared memory (SH) or written by other blocks (L2)
 template <bool SH>
@@ -1431,10 +1427,11 @@ MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
 // BLK: one block per (token, head) (returns false, having done nothing, when the step's chunk list is longer than the
 // block's shared memory holds); else the device-wide way. Two instantiations, each with its own registers.
 // FOLD (with BLK; GGML_MK_VAR_FOLD_HEADS, only where mk_fold_plan fits: the caller asks first): no heads phase before; each
-// block computes its (token, head)'s Q and the new K/V rows of its kv head that its token sees (mk_head_vecs, the heads
-// phase's own function) into shared memory, reads the step's own cells from there instead of the cache (another block
-// may be writing them now), and the block of the kv head's first query head writes its token's rows to the cache
-// (later layers sharing this cache and later steps read them after the grid barriers)
+// block computes its (token, head)'s Q into shared memory and the new K/V rows of its kv head for every token of the step
+// (mk_head_vecs, the heads phase's own function), writes those rows to the cache itself and reads them back from there
+// after a block barrier: a block reads no cell of the step that it did not write itself (the other blocks of the kv head
+// write the same bits to the same cells), so no grid barrier is needed in between; later layers sharing this cache and
+// later steps read them after the grid barriers as before)
 template <int NP, bool BLK, bool FOLD = false>
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     static_assert(!FOLD || BLK, "the fold is the block-per-(token, head) way's");
@@ -1461,53 +1458,13 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                        ((uintptr_t) kv.v % 16) == 0 && (kv.v_sh % 16) == 0 &&
                        (n_kv + 7)/8*8 <= (int) (kv.v_sd/2);   // (a load may pass n_kv, never the row)
     const int PS     = 4 + a.m->max_head_dim;
-    // FOLD: the block's area (mk_fold_plan) and the step's own cells it reads from there
+    // FOLD: the block's area (mk_fold_plan): its Q, the chunks' slots after the fold's scratch
     const mk_fold F  = mk_fold_plan(L, M, nch, a.m->max_head_dim, a.xs_bytes + a.xq_bytes);
     float * slots    = FOLD ? sm + F.slots : sm;
     float * fq       = sm + F.q;
-    half * frows     = (half *) (sm + F.rows);
-    int * fmeta      = (int *) (sm + F.meta);   // [0] count, [1..M] tokens, [1+M..2M] cells, [1+2M..4M] jobs
 
-    // (FOLD) the step's own cells among cells c .. c+CPI-1 (< c1): their K/V from the rows this block made (the F16 values
-    // the cache gets), in place of what the cache holds now (the writer may not have written them yet). (A generic lambda:
-    // instantiated only where a chunk has such cells, the other instantiations' code stays as it was)
-    auto own_rows = [&](int c, int c1, auto & kr, auto & vr) {
-        for (int t = 0; t < fmeta[0]; ++t) {
-            const int jt = fmeta[1 + M + t] - c;
-            if (jt < 0 || jt >= CPI) {
-                continue;
-            }
-            const half * kt = frows + (size_t) 2*t*hd;
-            const half * vt_ = kt + hd;
-#pragma unroll
-            for (int j = 0; j < CPI; ++j) {
-                if (j != jt || c + j >= c1) {
-                    continue;
-                }
-#pragma unroll
-                for (int i = 0; i < NP; ++i) {
-                    if (i < np) {
-                        const int d = 2*lane + 64*i;
-                        kr[j][i] = *(const unsigned *) (kt + d);
-                        if (!vt) {
-                            vr[j][i] = *(const unsigned *) (vt_ + d);
-                        } else {
-                            const int sh = 16*(j & 1);
-                            const unsigned u0 = *(const unsigned short *) (vt_ + d);
-                            const unsigned u1 = *(const unsigned short *) (vt_ + d + 1);
-                            vr[j/2][i]         = (vr[j/2][i]         & ~(0xffffu << sh)) | (u0 << sh);
-                            vr[CPI/2 + j/2][i] = (vr[CPI/2 + j/2][i] & ~(0xffffu << sh)) | (u1 << sh);
-                        }
-                    }
-                }
-            }
-        }
-    };
-
-    // chunk ck (of the step's list) of (token, head) mh: its running max, sum and weighted V sum. SUB (FOLD, a chunk
-    // with some of the step's own cells whose rows the block holds): those cells' K/V from the block's rows
-    auto chunk = [&](int mh, int ck, float & mx, float & l, float (&a0)[NP], float (&a1)[NP], auto sub) {
-        constexpr bool SUB = decltype(sub)::value;
+    // chunk ck (of the step's list) of (token, head) mh: its running max, sum and weighted V sum
+    auto chunk = [&](int mh, int ck, float & mx, float & l, float (&a0)[NP], float (&a1)[NP]) {
         const int ch  = st.ch[cache][ck];
         const int m   = mh / L.n_head;
         const int h   = mh % L.n_head;
@@ -1579,9 +1536,6 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                         }
                     }
                 }
-            }
-            if constexpr (SUB) {
-                sub.f(c, c1, kr, vr);
             }
             float mv[CPI];
             bool any = false;
@@ -1743,58 +1697,28 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 const int m   = mh / L.n_head;
                 const int h   = mh % L.n_head;
                 const int hkv = h / gqa;
-                const bool writer = h % gqa == 0;   // of (m, hkv)'s rows to the cache
-                // the step's tokens whose new rows this (token, head) needs: the cells its mask lets it see, and the
-                // writer's own token
-                if (threadIdx.x == 0) {
-                    int nn = 0;
-                    for (int t = 0; t < (L.has_kv ? M : 0); ++t) {
-                        const int64_t cell = st.kv_idx[cache][t];
-                        const bool seen = cell < n_kv && a.mask[cache][(size_t) m*n_kv + cell] != -INFINITY;
-                        if (seen || (writer && t == m)) {
-                            fmeta[1 + nn]         = t;
-                            fmeta[1 + M + nn]     = (int) cell;
-                            fmeta[1 + 2*M + 2*nn]     = mk_hv(t, 1, hkv);
-                            fmeta[1 + 2*M + 2*nn + 1] = mk_hv(t, 2, hkv);
-                            ++nn;
-                        }
-                    }
-                    fmeta[0] = nn;
+                const int nkv = L.has_kv ? M : 0;
+                int * jobs    = (int *) (sm + F.jobs);
+                if (threadIdx.x < 2*nkv) {
+                    jobs[threadIdx.x] = mk_hv(threadIdx.x/2, 1 + (threadIdx.x & 1), hkv);
                 }
                 __syncthreads();
-                const int nn = fmeta[0];
                 float * hv = slots;   // the head vectors' scratch (the chunks' slots come after them)
-                mk_head_vecs(a, il, 1 + 2*nn, mk_hv(m, 0, h), fmeta + 1 + 2*M, hv, sm + F.red);
+                mk_head_vecs(a, il, 1 + 2*nkv, mk_hv(m, 0, h), jobs, hv, sm + F.red);
                 for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
                     fq[d] = hv[d]*L.q_scale;
                 }
-                for (int e = threadIdx.x; e < 2*nn*hd; e += MK_THREADS) {
-                    const int v = e / hd;   // 2t + K/V
-                    const int d = e - v*hd;
-                    const half x = __float2half(hv[hd + e]);
-                    frows[e] = x;
-                    if (writer && fmeta[1 + v/2] == m) {
-                        mk_kv_put(kv, 1 + (v & 1), fmeta[1 + M + v/2], hkv, d, x);
-                    }
+                // the step's K/V rows of kv head hkv into the cache, F16 (every token's: the default reads each of the
+                // step's cells after the heads phase wrote it; a cell the token does not see adds nothing either way)
+                for (int e = threadIdx.x; e < 2*nkv*hd; e += MK_THREADS) {
+                    const int v = e / hd;   // 2 token + K/V
+                    mk_kv_put(kv, 1 + (v & 1), st.kv_idx[cache][v/2], hkv, e - v*hd, __float2half(hv[hd + e]));
                 }
-                __syncthreads();
+                __syncthreads();   // (the block's cache writes before its chunks read them back, through L2 as all cells)
             }
             for (int ck = wb; ck < nch; ck += MK_WARPS) {
                 float mx, l, a0[NP], a1[NP];
-                bool own = false;   // (FOLD) a chunk with some of the step's own cells
-                if constexpr (FOLD) {
-                    const int c0 = st.ch[cache][ck]*CH;
-                    for (int t = 0; t < fmeta[0]; ++t) {
-                        own = own || (fmeta[1 + M + t] >= c0 && fmeta[1 + M + t] < c0 + CH);
-                    }
-                }
-                if (own) {
-                    if constexpr (FOLD) {
-                        chunk(mh, ck, mx, l, a0, a1, mk_sub<decltype(own_rows)>{own_rows});
-                    }
-                } else {
-                    chunk(mh, ck, mx, l, a0, a1, mk_bool<false>());
-                }
+                chunk(mh, ck, mx, l, a0, a1);
                 put(slots + (size_t) ck*PS, mx, l, a0, a1);
             }
             __syncthreads();
@@ -1810,7 +1734,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         const int ck = u % nch;               // the ck-th chunk of the list: its partial result's slot
         const int mh = u / nch;
         float mx, l, a0[NP], a1[NP];
-        chunk(mh, ck, mx, l, a0, a1, mk_bool<false>());
+        chunk(mh, ck, mx, l, a0, a1);
 
         // this chunk's partial result, then the (token, head)'s chunk count
         float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
