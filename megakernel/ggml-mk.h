@@ -122,6 +122,11 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_CP_ASYNC          0x2000  // weight tiles as 16-byte cp.async per lane (the path of sm_80..89 devices), not
                                               // through the bulk copy engine (one cp.async.bulk per tile on a per-stage
                                               // mbarrier: sm_90+)
+#define GGML_MK_VAR_FOLD_HEADS        0x4000  // no heads phase: the attention's blocks (one per (token, head)) compute their Q and
+                                              // the step's new K/V rows of their kv head themselves (the heads phase's own
+                                              // function), write the rows to the cache and read them back after a block barrier;
+                                              // one grid barrier less per layer (layers whose attention takes the device-wide
+                                              // way keep the phase)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -86,17 +86,22 @@ def test_weight_decoding_emulation_can_fail(tmp_path, cpu_build, old, new, type_
 KERNEL_EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_kernel_emu.cpp"
 
 
-@pytest.fixture(scope="module")
-def kernel_emu(tmp_path_factory, cpu_build) -> Path:
+def _build_kernel_emu(exe: Path, cpu_build: Path, first_inc: Path | None = None) -> Path:
+    """the kernel emulation; first_inc: a directory searched first for mk-kernel.cuh (a mutated copy)"""
     src = source_tree(cpu_build)
-    exe = tmp_path_factory.mktemp("mk_kernel_emu") / "mk_kernel_emu"
     lib = cpu_build / "bin"
-    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_SB=3", f"-I{src}/ggml/include",
+    inc = [f"-I{first_inc}"] if first_inc else []
+    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_SB=3", *inc, f"-I{src}/ggml/include",
            f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{KERNEL_EMU.parent}", str(KERNEL_EMU), "-o", str(exe),
            f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"compiling the kernel emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
     return exe
+
+
+@pytest.fixture(scope="module")
+def kernel_emu(tmp_path_factory, cpu_build) -> Path:
+    return _build_kernel_emu(tmp_path_factory.mktemp("mk_kernel_emu") / "mk_kernel_emu", cpu_build)
 
 
 # default: little shared memory (verify mat-vecs in passes of 2 columns, 3 weight stages per warp); big: an H200's
@@ -107,7 +112,13 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # partial results fit in shared memory for some steps and not for others: both ways)
 # (every run's verify step runs the any-batch mat-vec and staging code: a one-token step through the typed pair loop,
 # two rows at a time, and the one-round staging must give the same bits)
-EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"]}
+# 0x4000: GGML_MK_VAR_FOLD_HEADS (no heads phase: the attention computes Q and the step's K/V rows itself), every step also
+# run by the default kernel on a second cache (--vs-default: logits, hidden rows and caches bitwise equal); with the little
+# shared memory the fold fits some layer steps and not others (both ways in one run), with an H200's every one; the gemma3
+# plan adds Q scaled after rope, V = K without V norm
+EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
+            "0x4000": ["--variant", "0x4000", "--vs-default"],
+            "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -121,11 +132,45 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     # the hidden rows an MTP draft reads (mk_args.h_out, written while the LM head's inputs are staged)
     assert re.search(r"^OK hidden rows .*worst NMSE vs float64 reference", r.stdout, re.M), r.stdout
     assert "OK verify M=4: 0 of 4 hidden rows differ" in r.stdout, r.stdout
+    if "--vs-default" in args:
+        assert re.search(r"^OK variant 0x\w+ == default kernel bitwise .*: 0 of 19 steps differ", r.stdout, re.M), r.stdout
+    if variant.startswith("0x4000"):
+        fold = re.search(r"^heads folded into the attention: (\d+) of (\d+) layer steps", r.stdout, re.M)
+        assert fold, r.stdout
+        n, of = int(fold.group(1)), int(fold.group(2))
+        assert (0 < n < of) if "--smem" not in args else n == of, f"the fold ran in {n} of {of} layer steps"
 
 
 def test_cuda_kernel_on_host_without_grid_barriers_fails(kernel_emu):
     r = subprocess.run([str(kernel_emu), "--planted"], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and "FAIL" in r.stdout, "grid barriers off went unnoticed:\n" + r.stdout[-3000:]
+
+
+# planted bugs in the heads fold (GGML_MK_VAR_FOLD_HEADS), run where every layer step folds: the step's new K/V rows not
+# written to the cache; no block barrier between a block's cache writes and its chunks reading them back; every token's
+# rows written to the first token's cell (the verify step's mapping)
+FOLD_PLANTED = {
+    "no_cache_write": ("mk_kv_put(kv, 1 + (v & 1), st.kv_idx[cache][v/2], hkv, e - v*hd, __float2half(hv[hd + e]));",
+                       "(void) v;"),
+    "no_block_barrier": ("__syncthreads();   // (the block's cache writes before its chunks read them back", "//"),
+    "rows_to_first_cell": ("mk_kv_put(kv, 1 + (v & 1), st.kv_idx[cache][v/2],", "mk_kv_put(kv, 1 + (v & 1), st.kv_idx[cache][0],"),
+}
+
+
+@pytest.mark.parametrize("bug", list(FOLD_PLANTED))
+def test_cuda_kernel_on_host_heads_fold_planted_bug_fails(tmp_path, cpu_build, bug):
+    kernel = MK / "cuda" / "mk-kernel.cuh"
+    old, new = FOLD_PLANTED[bug]
+    text = kernel.read_text()
+    assert text.count(old) == 1, f"mutation target not (once) in {kernel} (update the test): {old}"
+    mut = tmp_path / "inc"
+    mut.mkdir()
+    (mut / kernel.name).write_text(text.replace(old, new, 1))
+    exe = _build_kernel_emu(tmp_path / "mk_kernel_emu", cpu_build, first_inc=mut)
+    r = subprocess.run([str(exe), "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"],
+                       capture_output=True, text=True, timeout=900)
+    print(r.stdout[-2000:])
+    assert r.returncode != 0 and re.search(r"^FAIL ", r.stdout, re.M), f"planted bug {bug} went unnoticed:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_sources_compile_for_sm90(cpu_build):

@@ -134,16 +134,21 @@ def _build_draft_emu(tmp_path: Path, cpu_build: Path, first_inc: Path | None = N
     return exe
 
 
-def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_build):
+@pytest.mark.parametrize("variant", ["", "0x4000"])
+def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_build, variant):
     """mk-kernel.cuh's draft kernel (mk_draft_kernel: mk_step<true>, the decode step's code with the draft's inputs and
     pick around it): k = 4 chained steps of a random assistant in one launch
     (in-kernel embedding row, pre-projection, the layers reading the target's caches, LM head, post-projection, argmax
-    feeding the next step) at four positions across the window: the float64 reference's tokens, logits and h_next."""
+    feeding the next step) at four positions across the window: the float64 reference's tokens, logits and h_next.
+    0x4000: with the heads phase folded into the attention (GGML_MK_VAR_FOLD_HEADS; the draft's layers compute only Q)."""
     exe = _build_draft_emu(tmp_path, cpu_build)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([str(exe), *(["--variant", variant] if variant else [])], capture_output=True, text=True, timeout=600)
     print(r.stdout)
     assert r.returncode == 0 and re.search(r"^OK the fused draft .*: 16 of 16 steps", r.stdout, re.M), \
         r.stdout[-3000:] + r.stderr[-2000:]
+    if variant:
+        fold = re.search(r"^heads folded into the attention: (\d+) of", r.stdout, re.M)
+        assert fold and int(fold.group(1)) > 0, r.stdout
 
 
 # planted bugs: grid barriers off; the plan mapping (ggml_mk_draft_model) with Q.K scaled by 1/sqrt(head_dim) (Gemma 3's

@@ -1236,20 +1236,112 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
 }
 
 // ---------------------------------------------------------------------------------------------
-// per-head work: Q/K/V norms, rope, KV cache writes (one block per head vector, sm: block scratch)
+// per-head work: Q/K/V norms, rope, KV cache writes
 
+// a head vector of the step: token m, kind 0 Q / 1 K / 2 V, head h (of its kind), packed into one int
+MK_HOSTDEV int mk_hv(int m, int kind, int h) { return m | kind << 4 | h << 8; }
+
+// block-wide: the norms and rope of n head vectors of layer il (job0, then more[0 .. n-2], packed by mk_hv) from the
+// q/k/v mat-vec's outputs into sm[v*head_dim + d] (n*head_dim floats; red: n*head_dim/32 floats of scratch); ends with a
+// block barrier. Element d of a vector is reduced as if thread d of a block held it alone (its 32-value group's warp sum,
+// then the groups in order; the old block-wide sum also added the empty warps' zeros, which changes no bit), so a
+// vector's bits do not depend on n, on the block or on what else the block computes: the heads phase (mk_heads, one
+// vector at a time) and the attention that folds it in (GGML_MK_VAR_FOLD_HEADS: its Q and K/V rows at once) run this one
+// out-of-line function, so they agree bit for bit also where the compiler contracts or approximates (fast math).
+MK_DEVICE_FN void mk_head_vecs(const mk_args & a, int il, int n, int job0, const int * more, float * sm, float * red) {
+    const ggml_mk_layer & L = a.m->layers[il];
+    const mk_dstep & st = *a.st;
+    const int lane  = threadIdx.x % WARP_SIZE;
+    const int hd    = L.head_dim;
+    const int ng    = hd / WARP_SIZE;   // 32-value groups per vector
+    const int ne    = n*hd;             // (a multiple of 64: a warp's lanes are all in or all out)
+    const float eps = a.m->norm_eps;
+    const float theta_scale = powf(L.rope_base, -2.0f/L.n_rot);
+
+    for (int e = threadIdx.x; e < ne; e += MK_THREADS) {
+        const int v    = e / hd;
+        const int jb   = v == 0 ? job0 : more[v - 1];
+        const int m    = jb & 15;
+        const int kind = (jb >> 4) & 15;
+        const int h    = jb >> 8;
+        const float * src;
+        if (kind == 0) {
+            src = a.q + (size_t) m*a.m->max_q + h*hd;
+        } else if (kind == 1 || L.v_from_k) {
+            src = a.k + (size_t) m*a.m->max_kv + h*hd;
+        } else {
+            src = a.v + (size_t) m*a.m->max_kv + h*hd;
+        }
+        const float t = mk_ldcg(src + (e - v*hd));
+        sm[e] = t;
+        float ss = fmaf(t, t, 0.0f);
+        ss = mk_warp_sum(ss);
+        if (lane == 0) {
+            red[e / WARP_SIZE] = ss;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ne; e += MK_THREADS) {
+        const int v    = e / hd;
+        const int d    = e - v*hd;
+        const int jb   = v == 0 ? job0 : more[v - 1];
+        const int kind = (jb >> 4) & 15;
+        float tot = 0.0f;
+        for (int w = 0; w < ng; ++w) {
+            tot += red[v*ng + w];
+        }
+        const float r = 1.0f/sqrtf(tot/hd + eps);
+        const float * nw = kind == 0 ? L.q_norm : kind == 1 ? L.k_norm : nullptr;
+        if (kind != 2 || L.v_norm) {
+            sm[e] = nw ? sm[e]*r*nw[d] : sm[e]*r;
+        }
+    }
+    __syncthreads();
+    // NEOX rope of Q and K: pairs (i, i + n_rot/2), one thread per pair
+    const int nr = L.n_rot/2;
+    for (int p = threadIdx.x; p < n*nr; p += MK_THREADS) {
+        const int v    = p / nr;
+        const int i    = p - v*nr;
+        const int jb   = v == 0 ? job0 : more[v - 1];
+        const int m    = jb & 15;
+        const int kind = (jb >> 4) & 15;
+        if (kind == 2) {
+            continue;
+        }
+        float * x = sm + v*hd;
+        const int pos = st.pos[m];
+        const float theta_base = pos*powf(theta_scale, (float) i);
+        const float ff = L.rope_freqs ? L.rope_freqs[i] : 1.0f;
+        const float theta = L.rope_scale*(theta_base/ff);
+        const float c  = cosf(theta)*a.m->attn_factor;
+        const float sn = sinf(theta)*a.m->attn_factor;
+        const float x0 = x[i];
+        const float x1 = x[i + nr];
+        x[i]      = x0*c - x1*sn;
+        x[i + nr] = x0*sn + x1*c;
+    }
+    __syncthreads();
+}
+
+// a new K (kind 1) or V (kind 2) value into the cache: cell, kv head h, dimension d (the heads phase and the fold's writer)
+MK_DEVICE void mk_kv_put(const ggml_mk_kv_view & kv, int kind, int64_t cell, int h, int d, half hv) {
+    if (kind == 1) {
+        *(half *) ((char *) kv.k + cell*kv.k_sc + h*kv.k_sh + 2*d) = hv;
+    } else {
+        *(half *) ((char *) kv.v + cell*kv.v_sc + h*kv.v_sh + d*kv.v_sd) = hv;
+    }
+}
+
+// the heads phase: Q/K/V norms, rope, Q back to a.q (times q_scale), the new K/V rows into the cache (F16); one block
+// per head vector (sm: block scratch)
 MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
     MK_SHARED(float, red, MK_WARPS);
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
-    const int lane   = threadIdx.x % WARP_SIZE;
-    const int warp   = threadIdx.x / WARP_SIZE;
     const int hd     = L.head_dim;
     const int n_kvh  = L.has_kv ? L.n_head_kv : 0;
     const int per_m  = L.n_head + 2*n_kvh;
     const int cache  = L.is_swa ? 1 : 0;
-    const float eps  = a.m->norm_eps;
-    const float theta_scale = powf(L.rope_base, -2.0f/L.n_rot);
 
     for (int u = blockIdx.x; u < M*per_m; u += gridDim.x) {
         const int m  = u / per_m;
@@ -1260,76 +1352,43 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
             kind = 1 + h / n_kvh;
             h %= n_kvh;
         }
-        const float * src;
-        const float * nw = nullptr;
-        if (kind == 0) {
-            src = a.q + (size_t) m*a.m->max_q + h*hd;
-            nw  = L.q_norm;
-        } else if (kind == 1 || L.v_from_k) {
-            src = a.k + (size_t) m*a.m->max_kv + h*hd;
-            nw  = kind == 1 ? L.k_norm : nullptr;
-        } else {
-            src = a.v + (size_t) m*a.m->max_kv + h*hd;
-        }
-        const bool do_norm = kind != 2 || L.v_norm;
-
-        float ss = 0.0f;
-        for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
-            const float t = mk_ldcg(src + d);
-            sm[d] = t;
-            ss = fmaf(t, t, ss);
-        }
-        ss = mk_warp_sum(ss);
-        if (lane == 0) {
-            red[warp] = ss;
-        }
-        __syncthreads();
-        float tot = 0.0f;
-        for (int w = 0; w < MK_WARPS; ++w) {
-            tot += red[w];
-        }
-        const float r = 1.0f/sqrtf(tot/hd + eps);
-        if (do_norm) {
-            for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
-                sm[d] = nw ? sm[d]*r*nw[d] : sm[d]*r;
-            }
-        }
-        __syncthreads();
-        if (kind != 2) {
-            // NEOX rope: pairs (i, i + n_rot/2), one thread per pair
-            const int pos = st.pos[m];
-            for (int i = threadIdx.x; i < L.n_rot/2; i += MK_THREADS) {
-                const float theta_base = pos*powf(theta_scale, (float) i);
-                const float ff = L.rope_freqs ? L.rope_freqs[i] : 1.0f;
-                const float theta = L.rope_scale*(theta_base/ff);
-                const float c  = cosf(theta)*a.m->attn_factor;
-                const float sn = sinf(theta)*a.m->attn_factor;
-                const float x0 = sm[i];
-                const float x1 = sm[i + L.n_rot/2];
-                sm[i]             = x0*c - x1*sn;
-                sm[i + L.n_rot/2] = x0*sn + x1*c;
-            }
-            __syncthreads();
-        }
+        mk_head_vecs(a, il, 1, mk_hv(m, kind, h), nullptr, sm, red);
         if (kind == 0) {
             float * dst = a.q + (size_t) m*a.m->max_q + h*hd;
             for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
                 dst[d] = sm[d]*L.q_scale;
             }
         } else {
-            const ggml_mk_kv_view & kv = st.kv[il];
             const int64_t cell = st.kv_idx[cache][m];
             for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
-                const half hv = __float2half(sm[d]);
-                if (kind == 1) {
-                    *(half *) ((char *) kv.k + cell*kv.k_sc + h*kv.k_sh + 2*d) = hv;
-                } else {
-                    *(half *) ((char *) kv.v + cell*kv.v_sc + h*kv.v_sh + d*kv.v_sd) = hv;
-                }
+                mk_kv_put(st.kv[il], kind, cell, h, d, __float2half(sm[d]));
             }
         }
         __syncthreads(); // sm and red are reused by the next head
     }
+}
+
+// the attention with the heads phase folded in (GGML_MK_VAR_FOLD_HEADS): a block's area for a (token, head) at the start
+// of the staged-inputs region, in floats: q: its Q (normed, roped, times q_scale); red: the norms' scratch; jobs (ints):
+// mk_head_vecs's K and V jobs of the step's tokens; slots: the chunks' partial results, before them the head vectors'
+// scratch (max of both). fits: the staged-inputs region holds it (a step's sizes alone: the same answer in every block;
+// else the layer keeps its heads phase)
+struct mk_fold {
+    int q, red, jobs, slots, fits;
+};
+MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max_head_dim, int bytes) {
+    const int hd  = L.head_dim;
+    const int nkv = L.has_kv ? M : 0;
+    const int nv  = 1 + 2*nkv;   // head vectors at most
+    mk_fold f;
+    f.q     = 0;
+    f.red   = hd;
+    f.jobs  = f.red + nv*hd/WARP_SIZE;
+    f.slots = (f.jobs + 2*nkv + 3)/4*4;   // (16-byte aligned)
+    const int ps   = 4 + max_head_dim;
+    const int need = nch*ps > nv*hd ? nch*ps : nv*hd;
+    f.fits = (f.slots + need)*(int) sizeof(float) <= bytes;
+    return f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1357,10 +1416,25 @@ MK_DEVICE float mk_ld_part(const float * p) {
     }
 }
 
+// the layer's attention folds its heads phase in (GGML_MK_VAR_FOLD_HEADS on): the block-per-(token, head) way and the fold
+// fit (out of line: the kernel body keeps its registers)
+MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
+    const ggml_mk_layer & L = a.m->layers[il];
+    return !(a.m->debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
+           mk_fold_plan(L, M, a.st->n_ch[L.is_swa ? 1 : 0], a.m->max_head_dim, a.xs_bytes + a.xq_bytes).fits;
+}
+
 // BLK: one block per (token, head) (returns false, having done nothing, when the step's chunk list is longer than the
-// block's shared memory holds); else the device-wide way. Two instantiations, each with its own registers
-template <int NP, bool BLK>
+// block's shared memory holds); else the device-wide way. Two instantiations, each with its own registers.
+// FOLD (with BLK; GGML_MK_VAR_FOLD_HEADS, only where mk_fold_plan fits: the caller asks first): no heads phase before; each
+// block computes its (token, head)'s Q into shared memory and the new K/V rows of its kv head for every token of the step
+// (mk_head_vecs, the heads phase's own function), writes those rows to the cache itself and reads them back from there
+// after a block barrier: a block reads no cell of the step that it did not write itself (the other blocks of the kv head
+// write the same bits to the same cells), so no grid barrier is needed in between; later layers sharing this cache and
+// later steps read them after the grid barriers as before)
+template <int NP, bool BLK, bool FOLD = false>
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
+    static_assert(!FOLD || BLK, "the fold is the block-per-(token, head) way's");
     constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
@@ -1384,6 +1458,10 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                        ((uintptr_t) kv.v % 16) == 0 && (kv.v_sh % 16) == 0 &&
                        (n_kv + 7)/8*8 <= (int) (kv.v_sd/2);   // (a load may pass n_kv, never the row)
     const int PS     = 4 + a.m->max_head_dim;
+    // FOLD: the block's area (mk_fold_plan): its Q, the chunks' slots after the fold's scratch
+    const mk_fold F  = mk_fold_plan(L, M, nch, a.m->max_head_dim, a.xs_bytes + a.xq_bytes);
+    float * slots    = FOLD ? sm + F.slots : sm;
+    float * fq       = sm + F.q;
 
     // chunk ck (of the step's list) of (token, head) mh: its running max, sum and weighted V sum
     auto chunk = [&](int mh, int ck, float & mx, float & l, float (&a0)[NP], float (&a1)[NP]) {
@@ -1397,8 +1475,13 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         float q0[NP], q1[NP];
 #pragma unroll
         for (int i = 0; i < NP; ++i) {
-            q0[i] = i < np ? mk_ldcg(q + 2*lane + 64*i)     : 0.0f;
-            q1[i] = i < np ? mk_ldcg(q + 2*lane + 64*i + 1) : 0.0f;
+            if constexpr (FOLD) {
+                q0[i] = i < np ? fq[2*lane + 64*i]     : 0.0f;
+                q1[i] = i < np ? fq[2*lane + 64*i + 1] : 0.0f;
+            } else {
+                q0[i] = i < np ? mk_ldcg(q + 2*lane + 64*i)     : 0.0f;
+                q1[i] = i < np ? mk_ldcg(q + 2*lane + 64*i + 1) : 0.0f;
+            }
             a0[i] = 0.0f;
             a1[i] = 0.0f;
         }
@@ -1605,19 +1688,42 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         // memory (the staged-inputs region, free between mat-vecs) and warp 0 combines them: no device-wide fence, no
         // counter, no L2 round trips for the partial results. The same chunk and combine arithmetic as the device-wide
         // way, so the same bits (measured 1.024x the device-wide way on E4B, bitwise equal; NOTES.md, session 7)
-        if (nch > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
+        if (FOLD ? !F.fits : nch > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
             return false;
         }
         const int wb = threadIdx.x / WARP_SIZE;
         for (int mh = blockIdx.x; mh < M*L.n_head; mh += gridDim.x) {
+            if constexpr (FOLD) {
+                const int m   = mh / L.n_head;
+                const int h   = mh % L.n_head;
+                const int hkv = h / gqa;
+                const int nkv = L.has_kv ? M : 0;
+                int * jobs    = (int *) (sm + F.jobs);
+                if (threadIdx.x < 2*nkv) {
+                    jobs[threadIdx.x] = mk_hv(threadIdx.x/2, 1 + (threadIdx.x & 1), hkv);
+                }
+                __syncthreads();
+                float * hv = slots;   // the head vectors' scratch (the chunks' slots come after them)
+                mk_head_vecs(a, il, 1 + 2*nkv, mk_hv(m, 0, h), jobs, hv, sm + F.red);
+                for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
+                    fq[d] = hv[d]*L.q_scale;
+                }
+                // the step's K/V rows of kv head hkv into the cache, F16 (every token's: the default reads each of the
+                // step's cells after the heads phase wrote it; a cell the token does not see adds nothing either way)
+                for (int e = threadIdx.x; e < 2*nkv*hd; e += MK_THREADS) {
+                    const int v = e / hd;   // 2 token + K/V
+                    mk_kv_put(kv, 1 + (v & 1), st.kv_idx[cache][v/2], hkv, e - v*hd, __float2half(hv[hd + e]));
+                }
+                __syncthreads();   // (the block's cache writes before its chunks read them back, through L2 as all cells)
+            }
             for (int ck = wb; ck < nch; ck += MK_WARPS) {
                 float mx, l, a0[NP], a1[NP];
                 chunk(mh, ck, mx, l, a0, a1);
-                put(sm + (size_t) ck*PS, mx, l, a0, a1);
+                put(slots + (size_t) ck*PS, mx, l, a0, a1);
             }
             __syncthreads();
             if (wb == 0) {
-                combine(mh, sm, mk_bool<true>());
+                combine(mh, slots, mk_bool<true>());
             }
             __syncthreads();   // the slots are rewritten for the next (token, head)
         }
@@ -1651,6 +1757,15 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         }
     }
     return true;
+}
+
+// the attention with the heads phase folded in (one call site in the kernel body: each call site costs it stack)
+MK_DEVICE_FN void mk_attention_fold(const mk_args & a, int il, int M, float * sm) {
+    if (a.m->layers[il].head_dim <= 256) {
+        mk_attention<4, true, true>(a, il, M, sm);
+    } else {
+        mk_attention<GGML_MK_MAX_HEAD_DIM/64, true, true>(a, il, M, sm);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1876,10 +1991,18 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         begin(mk_mv_index(il, MK_MV_O));
         mk_grid_sync(a, MK_PH_QKV);
 
-        mk_heads(a, il, M, xs);
-        mk_grid_sync(a, MK_PH_HEADS);
+        // Q/K/V norms, rope, the new K/V rows into the cache: a phase of their own, or (variant GGML_MK_VAR_FOLD_HEADS, where
+        // the attention takes its block-per-(token, head) way and the fold fits: mk_fold_plan) done by the attention's
+        // blocks themselves, one grid barrier less
+        const bool fold = (md.debug_flags & GGML_MK_VAR_FOLD_HEADS) && mk_fold_on(a, il, M);
+        if (!fold) {
+            mk_heads(a, il, M, xs);
+            mk_grid_sync(a, MK_PH_HEADS);
+        }
 
-        if (L.head_dim <= 256) {
+        if (fold) {
+            mk_attention_fold(a, il, M, xs);
+        } else if (L.head_dim <= 256) {
             if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
                 mk_attention<4, false>(a, il, M, xs);
             }

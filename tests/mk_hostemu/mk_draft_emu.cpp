@@ -5,7 +5,8 @@
 // random gemma4-assistant-shaped draft plan (ggml_mk_draft) and random F16 target caches, at several positions across
 // the sliding window. Checks (OK/FAIL lines, exit 1 on a failure): draft tokens == the reference's, and the logits and
 // h_next of every step within NMSE 1e-8 of it (measured: ~1.5e-10) (compared while the chains agree).
-// `--planted` runs with the grid barriers off (GGML_MK_DEBUG_NO_GRID_BARRIER): that must fail.
+// `--planted` runs with the grid barriers off (GGML_MK_DEBUG_NO_GRID_BARRIER): that must fail. `--variant BITS`: with kernel
+// variants on (ggml-mk.h GGML_MK_VAR_*; the draft shares the decode step's layer phases).
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
 #include "ggml-common.h"
@@ -36,11 +37,14 @@ static const int n_embd = 64, n_embd_bb = 128, n_vocab = 300, n_ff = 256, n_laye
 
 int main(int argc, char ** argv) {
     bool planted = false;
+    int variant = 0;
     for (int i = 1; i < argc; ++i) {
         if (std::string(argv[i]) == "--planted") {
             planted = true;
+        } else if (std::string(argv[i]) == "--variant" && i + 1 < argc) {
+            variant = (int) strtol(argv[++i], nullptr, 0);
         } else {
-            fprintf(stderr, "usage: %s [--planted]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--planted] [--variant BITS]\n", argv[0]);
             return 2;
         }
     }
@@ -81,7 +85,7 @@ int main(int argc, char ** argv) {
         L.ffn_norm = Vv(n_embd, 0.5f, 1.5f); L.ffn_post_norm = Vv(n_embd, 0.5f, 1.5f);
         d.max_q = std::max(d.max_q, L.n_head*L.head_dim);
     }
-    d.debug_flags = planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0;
+    d.debug_flags = (planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0) | variant;
 
     // the target's caches, random F16 rows: cache 1 (sliding window) plain V, cache 0 (full attention) transposed V
     std::vector<half> K[2], V[2];
@@ -118,7 +122,7 @@ int main(int argc, char ** argv) {
     const int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;
     mk_draft_ref::weights Wr;
 
-    int fails = 0, n_same = 0, n_steps = 0;
+    int fails = 0, n_same = 0, n_steps = 0, n_fold = 0;
     double worst_lo = 0, worst_h = 0;
     for (int pos : { 3, 9, 17, 31 }) {
         // the draft query at pos sees the cells of positions 0..pos-1 (cell = position), the window the last W of them
@@ -164,6 +168,10 @@ int main(int argc, char ** argv) {
             return 1;
         }
         a.xs_bytes = L.xs_bytes; a.xq_bytes = L.xq_bytes; a.ns = L.ns;
+        for (int il = 0; il < n_layer; ++il) {   // (GGML_MK_VAR_FOLD_HEADS: the layers whose attention computes Q itself)
+            n_fold += (md.debug_flags & GGML_MK_VAR_FOLD_HEADS) && !(md.debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
+                      mk_fold_plan(md.layers[il], 1, ds.n_ch[md.layers[il].is_swa ? 1 : 0], md.max_head_dim, L.xs_bytes + L.xq_bytes).fits;
+        }
         if (!emu_launch(draft_entry, draft_launch{ a, &da }, 2, MK_THREADS, smem, "mk_draft_kernel")) {
             printf("FAIL deadlock in mk_draft_kernel\n");
             return 1;
@@ -201,5 +209,8 @@ int main(int argc, char ** argv) {
     printf("%s the fused draft (mk_draft_kernel, one launch of k steps), 4 positions x k=%d (window %d crossed): "
            "%d of %d steps draft the reference's token; worst NMSE vs float64 %.3g (logits), %.3g (h_next)\n",
            fails ? "FAIL" : "OK", k_steps, W, n_same, n_steps, worst_lo, worst_h);
+    if (variant & GGML_MK_VAR_FOLD_HEADS) {
+        printf("heads folded into the attention: %d of %d layer launches (each for its k steps)\n", n_fold, 4*n_layer);
+    }
     return fails ? 1 : 0;
 }

@@ -9,6 +9,10 @@
 // `--smem BYTES`: a block's dynamic shared memory (the host lays it out per step size, mk_smem_plan); the default
 // is small enough that a verify step's mat-vecs run in passes of 2 columns with 3 weight stages per warp.
 // `--stages N`: at most N weight stages per warp (3 by default, as on the GPU; LLAMA_MEGAKERNEL_STAGES there).
+// `--vs-default` (with --variant): every step also runs the default kernel (no variant bits) on a second set of KV caches;
+// logits, hidden rows and both caches must be bitwise equal after every step (what test-mk --variant checks on a GPU).
+// `--gemma3`: the other shape of the plan (mk_ref.h: Q scaled after rope, no V norm, V = K projection on the global layer,
+// no per-layer inputs).
 // The model, the reference and the checks are shared with the Metal kernel's test (mk_ref.h).
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
@@ -30,6 +34,7 @@ int main(int argc, char ** argv) {
     int variant = 0;   // GGML_MK_VAR_* bits (a kernel variant must give the same results)
     int ns_max = MK_NS_MIN;
     int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;   // 2 columns of 256 values
+    bool vs_default = false, gemma3 = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--planted") {
@@ -40,8 +45,12 @@ int main(int argc, char ** argv) {
             smem = atoi(argv[++i]);
         } else if (a == "--stages" && i + 1 < argc) {
             ns_max = atoi(argv[++i]);
+        } else if (a == "--vs-default") {
+            vs_default = true;
+        } else if (a == "--gemma3") {
+            gemma3 = true;
         } else {
-            fprintf(stderr, "usage: %s [--planted] [--variant BITS] [--smem BYTES] [--stages N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--planted] [--variant BITS] [--vs-default] [--gemma3] [--smem BYTES] [--stages N]\n", argv[0]);
             return 2;
         }
     }
@@ -54,12 +63,20 @@ int main(int argc, char ** argv) {
         { true,   64, false, { GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q4_0, GGML_TYPE_F32 }, 1.0f },
     };
     model mm;
-    build(mm, defs, GGML_TYPE_Q8_0, true);
+    build(mm, defs, GGML_TYPE_Q8_0, true, gemma3);
     ggml_mk_model & M_ = *mm.md;
-    M_.debug_flags = (planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0) | variant;
+    const int base_flags = planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0;
+    M_.debug_flags = base_flags | variant;
+    if (gemma3) {
+        printf("gemma3 plan: no per-layer inputs, Q scaled after rope, no V norm, V = K on the global layer\n");
+    }
 
-    // KV caches (mk_ref.h: kv_elems); layer 2 shares layer 0's
-    std::vector<half> K0(kv_elems[0]), V0(kv_elems[1]), K1(kv_elems[2]), V1(kv_elems[3]);
+    // KV caches (mk_ref.h: kv_elems); layer 2 shares layer 0's. [1]: the default kernel's (--vs-default)
+    std::vector<half> kvs[2][4];
+    for (auto & set : kvs) {
+        for (int i = 0; i < 4; ++i) set[i].assign(kv_elems[i], half{0});
+    }
+    int n_fold = 0, n_layer_steps = 0, n_cmp = 0, n_cmp_diff = 0;
 
     // scratch for the emulated kernel
     const int n_chunk = kv_size/M_.att_chunk + 1;
@@ -71,7 +88,9 @@ int main(int argc, char ** argv) {
     int launches = 0;
     std::vector<float> mask0, mask1;
 
-    auto run = [&](int p0, int M) {   // tokens p0..p0+M-1 (token i has embedding row i, position i)
+    auto run1 = [&](int p0, int M, int set) {   // tokens p0..p0+M-1 (token i has embedding row i, position i)
+        M_.debug_flags = set == 0 ? base_flags | variant : base_flags;
+        std::vector<half> & K0 = kvs[set][0], & V0 = kvs[set][1], & K1 = kvs[set][2], & V1 = kvs[set][3];
         mk_dstep ds = {};
         ds.n_tokens = M;
         mm.masks(p0, M, mask0, mask1);
@@ -104,6 +123,15 @@ int main(int argc, char ** argv) {
                    M, smem, L.xs_bytes, L.xq_bytes, L.cols, L.ns);
         }
         a.xs_bytes = L.xs_bytes; a.xq_bytes = L.xq_bytes; a.ns = L.ns;
+        if (set == 0) {
+            // the layers whose heads phase the attention takes over (GGML_MK_VAR_FOLD_HEADS: where mk_fold_plan fits)
+            for (int il = 0; il < n_layer; ++il) {
+                const ggml_mk_layer & Ll = M_.layers[il];
+                n_fold += (M_.debug_flags & GGML_MK_VAR_FOLD_HEADS) && !(M_.debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
+                          mk_fold_plan(Ll, M, ds.n_ch[Ll.is_swa ? 1 : 0], M_.max_head_dim, L.xs_bytes + L.xq_bytes).fits;
+                ++n_layer_steps;
+            }
+        }
         a.bulk = (M_.debug_flags & GGML_MK_VAR_CP_ASYNC) ? 0 : 1;   // (as ggml_cuda_mk_create on an sm_90 device)
         emu_bulk_engine = a.bulk != 0;   // (0x2000: as an sm_80..89 device, which has no bulk copy engine)
         if (!emu_launch(mk_decode_kernel, a, 2, MK_THREADS, smem, "mk_decode_kernel")) {
@@ -114,10 +142,34 @@ int main(int argc, char ** argv) {
         out.insert(out.end(), s_hid.begin(), s_hid.begin() + (size_t) M*n_embd);
         return out;
     };
+    auto run = [&](int p0, int M) {
+        std::vector<float> out = run1(p0, M, 0);
+        if (vs_default) {
+            const std::vector<float> ref = run1(p0, M, 1);
+            bool same = memcmp(out.data(), ref.data(), out.size()*sizeof(float)) == 0;
+            for (int i = 0; i < 4; ++i) {
+                same = same && memcmp(kvs[0][i].data(), kvs[1][i].data(), kv_elems[i]*sizeof(half)) == 0;
+            }
+            if (!same) {
+                printf("FAIL variant 0x%x: step of tokens %d..%d differs bitwise from the default kernel\n", variant, p0, p0 + M - 1);
+            }
+            ++n_cmp;
+            n_cmp_diff += !same;
+        }
+        return out;
+    };
 
     // bound: the Q4_0/Q8_0 mat-vecs round their inputs to 8 bits; the reference rounds its own (float64)
     // inputs, and an input within a last-bit difference of a rounding boundary lands on the other step
     // now and then (~1e-6); a wrong lane mapping, block or barrier costs >= 1e-3
-    const int fails = check(mm, run, 1e-5, { 4 });
+    int fails = check(mm, run, 1e-5, { 4 });
+    if (variant & GGML_MK_VAR_FOLD_HEADS) {
+        printf("heads folded into the attention: %d of %d layer steps (the others kept the heads phase)\n", n_fold, n_layer_steps);
+    }
+    if (vs_default) {
+        printf("%s variant 0x%x == default kernel bitwise (logits, hidden rows, KV caches): %d of %d steps differ\n",
+               n_cmp_diff ? "FAIL" : "OK", variant, n_cmp_diff, n_cmp);
+        fails += n_cmp_diff;
+    }
     return fails ? 1 : 0;
 }
