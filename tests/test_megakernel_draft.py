@@ -153,13 +153,16 @@ def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_buil
 
 # planted bugs: grid barriers off; the plan mapping (ggml_mk_draft_model) with Q.K scaled by 1/sqrt(head_dim) (Gemma 3's
 # habit); the kernel's embedding row without sqrt(n_embd_bb); the kernel feeding every step the launch's h (not step
-# j-1's h_next). (The argmax's tie rule is not planted: random logits have no ties)
+# j-1's h_next); the draft reduced from all blocks' partial picks but the last one's (three blocks, uneven slices of the
+# vocabulary). (The argmax's tie rule is not planted: random logits have no ties)
 EMU_PLANTED = {
     "barriers": None,
     "kq_scale": (GGML_MK_H, "m->kq_scale    = d->kq_scale;", "m->kq_scale    = 1.0f/sqrtf((float) d->layers[0].head_dim);"),
     "embd_scale": (KERNEL, "x[i] *= da.embd_scale;", "x[i] *= 1.0f;"),
     "h_not_chained": (KERNEL, "da.xh[nb + i] = j == 0 ? da.h[i] : mk_ldcg(da.h_next + (size_t) (j - 1)*nb + i);",
                       "da.xh[nb + i] = da.h[i];"),
+    "pick_misses_a_block": (KERNEL, "for (int b = threadIdx.x; b < (int) gridDim.x; b += MK_THREADS) {",
+                            "for (int b = threadIdx.x; b < (int) gridDim.x - 1; b += MK_THREADS) {"),
 }
 
 

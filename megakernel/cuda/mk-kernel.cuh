@@ -104,6 +104,8 @@ struct mk_draft_args {
     float   * xh;              // scratch [2*n_embd_bb]: the pre-projection's input
     float   * h_next;          // [k][n_embd_bb] each step's post*n
     int32_t * tokens;          // [k] the drafts
+    float   * pick_v;          // [grid] each block's largest logit of its slice of the vocabulary (mk_draft_pick)
+    unsigned* pick_i;          // [grid] its index (the first on ties)
     float   * logits;          // NULL, or [k][n_vocab] every step's logits
 };
 
@@ -1801,48 +1803,13 @@ MK_DEVICE_FN void mk_pl_inputs(const mk_args & a, int M) {
 
 // ---------------------------------------------------------------------------------------------
 
-// a draft step's pre-projection input concat(tok_embd[t]*embd_scale, h) (t, h: the launch's, or step j-1's draft and
-// h_next, written before the last grid barrier)
-MK_DEVICE_FN void mk_draft_inputs(const mk_draft_args & da, int j) {
-    const int nb = da.n_embd_bb;
-    const int t  = j == 0 ? da.token : (int) mk_ldcg_u32((const unsigned *) da.tokens + j - 1);
-    const uint8_t * row = (const uint8_t *) da.tok_embd.data + (size_t) t*da.tok_embd.nb1;
-    const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
-    for (int g = tid; g < nb/32; g += gridDim.x*MK_THREADS) {
-        float * x = da.xh + 32*g;   // (decoded in place: no local array)
-        mk_deq32(row, da.tok_embd.type, g, 32, x);
-        for (int i = 0; i < 32; ++i) {
-            x[i] *= da.embd_scale;
-        }
-    }
-    for (int i = tid; i < nb; i += gridDim.x*MK_THREADS) {
-        da.xh[nb + i] = j == 0 ? da.h[i] : mk_ldcg(da.h_next + (size_t) (j - 1)*nb + i);
-    }
-}
-
-// block 0: step j's draft, the first index of the largest logit (and the logits to the host, if wanted)
-MK_DEVICE_FN void mk_draft_pick(const mk_args & a, const mk_draft_args & da, int j) {
+// the block's largest (value, index) pair, on a tie the smaller index: over the lanes, then over the warps; the result in
+// thread 0. The whole block calls it
+MK_DEVICE void mk_argmax_block(float & best, unsigned & bi) {
     MK_SHARED(float,    s_v, MK_WARPS);
     MK_SHARED(unsigned, s_i, MK_WARPS);
-    if (blockIdx.x != 0) {
-        return;
-    }
-    const int nv   = a.m->n_vocab;
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
-    float    best = -INFINITY;
-    unsigned bi   = 0;
-    for (int i = threadIdx.x; i < nv; i += MK_THREADS) {
-        const float v = mk_ldcg(a.logits + i);
-        if (da.logits) {
-            da.logits[(size_t) j*nv + i] = v;
-        }
-        if (v > best) {
-            best = v;
-            bi   = i;
-        }
-    }
-    // the larger value, on a tie the smaller index: over the lanes, then over the warps
     for (int o = WARP_SIZE/2; o > 0; o /= 2) {
         const float    v = __shfl_xor_sync(0xffffffff, best, o);
         const unsigned i = __shfl_sync(0xffffffff, bi, lane ^ o);
@@ -1863,7 +1830,83 @@ MK_DEVICE_FN void mk_draft_pick(const mk_args & a, const mk_draft_args & da, int
                 bi   = s_i[w];
             }
         }
-        da.tokens[j] = (int32_t) bi;
+    }
+    __syncthreads();   // (s_v, s_i are read before the next call writes them)
+}
+
+// the draft of step j from the blocks' partial picks (after the grid barrier that follows mk_draft_pick): the largest
+// value, on a tie the smaller index = the first index of the largest logit. Every block reduces the same partials in
+// the same order, so all get the same token; block 0 also stores it for the host. The whole block calls it
+MK_DEVICE int mk_draft_token(const mk_draft_args & da, int j) {
+    MK_SHARED(int, s_tok, 1);
+    float    best = -INFINITY;
+    unsigned bi   = 0xffffffffu;
+    for (int b = threadIdx.x; b < (int) gridDim.x; b += MK_THREADS) {
+        const float    v = mk_ldcg(da.pick_v + b);
+        const unsigned i = mk_ldcg_u32(da.pick_i + b);
+        if (v > best || (v == best && i < bi)) {
+            best = v;
+            bi   = i;
+        }
+    }
+    mk_argmax_block(best, bi);
+    if (threadIdx.x == 0) {
+        const int t = bi < (unsigned) da.tok_embd.ne1 ? (int) bi : 0;   // (every logit -inf or NaN: token 0)
+        s_tok[0] = t;
+        if (blockIdx.x == 0) {
+            da.tokens[j] = t;
+        }
+    }
+    __syncthreads();
+    const int t = s_tok[0];
+    __syncthreads();   // (s_tok is read before the next call writes it)
+    return t;
+}
+
+// a draft step's pre-projection input concat(tok_embd[t]*embd_scale, h) (t, h: the launch's, or step j-1's draft and
+// h_next, written before the last grid barrier)
+MK_DEVICE_FN void mk_draft_inputs(const mk_draft_args & da, int j) {
+    const int nb = da.n_embd_bb;
+    const int t  = j == 0 ? da.token : mk_draft_token(da, j - 1);
+    const uint8_t * row = (const uint8_t *) da.tok_embd.data + (size_t) t*da.tok_embd.nb1;
+    const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
+    for (int g = tid; g < nb/32; g += gridDim.x*MK_THREADS) {
+        float * x = da.xh + 32*g;   // (decoded in place: no local array)
+        mk_deq32(row, da.tok_embd.type, g, 32, x);
+        for (int i = 0; i < 32; ++i) {
+            x[i] *= da.embd_scale;
+        }
+    }
+    for (int i = tid; i < nb; i += gridDim.x*MK_THREADS) {
+        da.xh[nb + i] = j == 0 ? da.h[i] : mk_ldcg(da.h_next + (size_t) (j - 1)*nb + i);
+    }
+}
+
+// every block: the largest logit of its slice of the vocabulary and its first index into da.pick_v/pick_i[blockIdx.x]
+// (and the slice's logits to the host, if wanted); the step's draft is reduced from them after the grid barrier that
+// follows (mk_draft_token). (Before: block 0 alone scanned all logits, every thread's 512 loads from L2 one after
+// another; a k = 1 launch on the small synthetic pair took ~390 us on the H200, most of it likely that scan)
+MK_DEVICE_FN void mk_draft_pick(const mk_args & a, const mk_draft_args & da, int j) {
+    const int nv  = a.m->n_vocab;
+    const int per = (nv + (int) gridDim.x - 1)/(int) gridDim.x;
+    const int i0  = blockIdx.x*per;
+    const int i1  = i0 + per < nv ? i0 + per : nv;
+    float    best = -INFINITY;
+    unsigned bi   = (unsigned) nv;   // (an empty slice or only -inf: loses every comparison)
+    for (int i = i0 + threadIdx.x; i < i1; i += MK_THREADS) {
+        const float v = mk_ldcg(a.logits + i);
+        if (da.logits) {
+            da.logits[(size_t) j*nv + i] = v;
+        }
+        if (v > best) {
+            best = v;
+            bi   = i;
+        }
+    }
+    mk_argmax_block(best, bi);
+    if (threadIdx.x == 0) {
+        da.pick_v[blockIdx.x] = best;
+        da.pick_i[blockIdx.x] = bi;
     }
 }
 
@@ -2077,6 +2120,9 @@ MK_KERNEL mk_decode_kernel(const mk_args ka) {
 MK_KERNEL mk_draft_kernel(const mk_args ka, const mk_draft_args * da) {
     for (int j = 0; j < da->k; ++j) {
         mk_step<true>(ka, da, j);
+    }
+    if (blockIdx.x == 0) {
+        mk_draft_token(*da, da->k - 1);   // the last draft for the host (the others: each next step reduced them)
     }
 }
 #endif

@@ -71,7 +71,8 @@ struct mk_cuda {
     // the fused draft: its launch arguments that do not change between launches (device addresses), its buffers
     bool draft = false;
     mk_draft_args da = {};
-    float * draft_buf = nullptr;   // xh [2*n_embd_bb], h_next [k_max][n_embd_bb], tokens [k_max], logits [k_max][n_vocab]
+    float * draft_buf = nullptr;   // xh [2*n_embd_bb], h_next [k_max][n_embd_bb], tokens [k_max], logits [k_max][n_vocab],
+                                   // the blocks' partial picks [grid] (values, indices)
     void  * tok_embd  = nullptr;   // a device copy of the target's token embeddings when llama.cpp keeps them in host memory
     int     k_max     = 0;
 };
@@ -296,13 +297,20 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     if (d) {
         // the draft's buffers; the target's token embeddings where the kernel can read them
         const size_t nb = d->n_embd_bb, kx = d->k_max;
-        const size_t sz[] = { 2*nb*sizeof(float), kx*nb*sizeof(float), kx*sizeof(int32_t), kx*(size_t) model->n_vocab*sizeof(float) };
-        MK_TRY(cudaMalloc(&mk->draft_buf, mk_align(sz[0]) + mk_align(sz[1]) + mk_align(sz[2]) + mk_align(sz[3])), "draft buffers");
+        const size_t sz[] = { 2*nb*sizeof(float), kx*nb*sizeof(float), kx*sizeof(int32_t), kx*(size_t) model->n_vocab*sizeof(float),
+                              (size_t) mk->grid*sizeof(float), (size_t) mk->grid*sizeof(unsigned) };
+        size_t sz_all = 0;
+        for (size_t b : sz) {
+            sz_all += mk_align(b);
+        }
+        MK_TRY(cudaMalloc(&mk->draft_buf, sz_all), "draft buffers");
         char * q = (char *) mk->draft_buf;
-        mk->da.xh     = (float *)   q; q += mk_align(sz[0]);
-        mk->da.h_next = (float *)   q; q += mk_align(sz[1]);
-        mk->da.tokens = (int32_t *) q; q += mk_align(sz[2]);
-        mk->da.logits = (float *)   q;
+        mk->da.xh     = (float *)    q; q += mk_align(sz[0]);
+        mk->da.h_next = (float *)    q; q += mk_align(sz[1]);
+        mk->da.tokens = (int32_t *)  q; q += mk_align(sz[2]);
+        mk->da.logits = (float *)    q; q += mk_align(sz[3]);
+        mk->da.pick_v = (float *)    q; q += mk_align(sz[4]);
+        mk->da.pick_i = (unsigned *) q;
         mk->da.tok_embd   = d->tok_embd;
         mk->da.embd_scale = d->embd_scale;
         mk->da.n_embd_bb  = d->n_embd_bb;

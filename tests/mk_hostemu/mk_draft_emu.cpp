@@ -33,7 +33,7 @@ static void draft_entry(const draft_launch l) {
     mk_draft_kernel(l.a, l.da);
 }
 
-static const int n_embd = 64, n_embd_bb = 128, n_vocab = 300, n_ff = 256, n_layer = 2, kv_size = 32, W = 6, k_steps = 4;
+static const int n_embd = 64, n_embd_bb = 128, n_vocab = 301, n_ff = 256, n_layer = 2, kv_size = 32, W = 6, k_steps = 4;
 
 int main(int argc, char ** argv) {
     bool planted = false;
@@ -117,6 +117,10 @@ int main(int argc, char ** argv) {
         s_g(MK_M*n_ff), s_lo(MK_M*n_vocab), s_hid(MK_M*n_embd), s_kv(MK_M*32), s_xh(2*n_embd_bb), s_hn(k_steps*n_embd_bb),
         s_lall(k_steps*n_vocab);
     std::vector<int32_t> s_tok(k_steps);
+    // three blocks: the vocabulary's slices of the blocks' partial picks are uneven, and the draft is reduced from three
+    const int grid = 3;
+    std::vector<float> s_pick_v(grid);
+    std::vector<unsigned> s_pick_i(grid);
     unsigned bar[2] = {0, 0};
     int launches = 0;
     const int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;
@@ -148,6 +152,7 @@ int main(int argc, char ** argv) {
         mk_draft_args da = {};
         da.tok_embd = d.tok_embd; da.embd_scale = d.embd_scale; da.n_embd_bb = n_embd_bb; da.k = k_steps; da.token = st.token;
         da.h = h0.data(); da.xh = s_xh.data(); da.h_next = s_hn.data(); da.tokens = s_tok.data(); da.logits = s_lall.data();
+        da.pick_v = s_pick_v.data(); da.pick_i = s_pick_i.data();
         mk_dstep ds = {};
         ds.n_tokens = 1; ds.pos[0] = pos; ds.n_kv[0] = ds.n_kv[1] = kv_size;
         for (int il = 0; il < n_layer; ++il) ds.kv[il] = view[il];
@@ -172,7 +177,7 @@ int main(int argc, char ** argv) {
             n_fold += (md.debug_flags & GGML_MK_VAR_FOLD_HEADS) && !(md.debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
                       mk_fold_plan(md.layers[il], 1, ds.n_ch[md.layers[il].is_swa ? 1 : 0], md.max_head_dim, L.xs_bytes + L.xq_bytes).fits;
         }
-        if (!emu_launch(draft_entry, draft_launch{ a, &da }, 2, MK_THREADS, smem, "mk_draft_kernel")) {
+        if (!emu_launch(draft_entry, draft_launch{ a, &da }, grid, MK_THREADS, smem, "mk_draft_kernel")) {
             printf("FAIL deadlock in mk_draft_kernel\n");
             return 1;
         }
