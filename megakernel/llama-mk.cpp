@@ -268,6 +268,16 @@ static bool llama_mk_layer_plan(llama_mk_builder & b, const llama_model & model,
     return b.why.empty();
 }
 
+// a device's index within its backend (the position among the reg's devices): what the plans call device
+static int32_t llama_mk_dev_index(ggml_backend_reg_t reg, ggml_backend_dev_t dev) {
+    for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
+        if (ggml_backend_reg_dev_get(reg, i) == dev) {
+            return (int32_t) i;
+        }
+    }
+    return 0;
+}
+
 llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cparams) {
     // on by default where the backend has measured it faster than its graph (CUDA on Hopper: NOTES.md, session 10);
     // LLAMA_MEGAKERNEL=1 asks for it on any device, 0 keeps the graph
@@ -395,15 +405,7 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
     if (!create || !mk->eval || !mk->free_fn) {
         return off(std::string("backend ") + ggml_backend_reg_name(reg) + " has no megakernel");
     }
-    {
-        // device index within the backend: the position of the device among the reg's devices
-        p.device = 0;
-        for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
-            if (ggml_backend_reg_dev_get(reg, i) == b.dev) {
-                p.device = (int32_t) i;
-            }
-        }
-    }
+    p.device = llama_mk_dev_index(reg, b.dev);
     if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE")) {
         mk->prof = atoi(e) != 0;
     }
@@ -870,11 +872,7 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
     if (!create || !d->eval || !d->free_fn) {
         return fail(std::string("backend ") + ggml_backend_reg_name(reg) + " has no fused draft kernel");
     }
-    for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
-        if (ggml_backend_reg_dev_get(reg, i) == b.dev) {
-            p.device = (int32_t) i;
-        }
-    }
+    p.device = llama_mk_dev_index(reg, b.dev);
     char err[256] = {0};
     d->backend_mk = create(&p, err, sizeof(err));
     if (!d->backend_mk) {

@@ -113,17 +113,7 @@ def main(argv=None) -> int:
     Q8, Q4 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0
 
     def write(path: Path, arch: str, fill) -> None:
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        w = gguf.GGUFWriter(str(tmp), arch)
-        try:
-            fill(w)
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-            w.close()
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        sg._write_atomic(lambda p: gguf.GGUFWriter(str(p), arch), path, fill)
 
     def adders(w):
         def add_q(name, x, qt):
@@ -134,6 +124,16 @@ def main(argv=None) -> int:
             arr = x if isinstance(x, np.ndarray) else x.cpu().numpy()
             w.add_tensor(name, np.ascontiguousarray(arr.astype(dtype)))
         return add_q, add_f
+
+    def add_out_ffn(add_q, add_f, pre, width, q_width, ff):
+        # a layer's tensors after its attention's Q/K/V, in the same order for target and assistant layers
+        add_q(pre + "attn_output.weight", rnd(width, q_width, 1.0), Q4)
+        add_f(pre + "post_attention_norm.weight", norm_w(width, 0.5))
+        add_f(pre + "ffn_norm.weight", norm_w(width))
+        add_q(pre + "ffn_gate.weight", rnd(ff, width, 1.0), Q4)
+        add_q(pre + "ffn_up.weight", rnd(ff, width, 1.0), Q4)
+        add_q(pre + "ffn_down.weight", rnd(width, ff, 1.0), Q4)
+        add_f(pre + "post_ffw_norm.weight", norm_w(width, 0.5))
 
     n_pairs = s["hd_global"] // 2
     rope_freqs = np.array([1.0] * (n_pairs // 4) + [1e30] * (n_pairs - n_pairs // 4), np.float32)
@@ -179,13 +179,7 @@ def main(argv=None) -> int:
                 add_q(pre + "attn_k.weight", rnd(s["n_head_kv"] * d, n, 1.0), Q4)
                 add_q(pre + "attn_v.weight", rnd(s["n_head_kv"] * d, n, 1.0), Q4)
                 add_f(pre + "attn_k_norm.weight", norm_w(d))
-            add_q(pre + "attn_output.weight", rnd(n, s["n_head"] * d, 1.0), Q4)
-            add_f(pre + "post_attention_norm.weight", norm_w(n, 0.5))
-            add_f(pre + "ffn_norm.weight", norm_w(n))
-            add_q(pre + "ffn_gate.weight", rnd(ff, n, 1.0), Q4)
-            add_q(pre + "ffn_up.weight", rnd(ff, n, 1.0), Q4)
-            add_q(pre + "ffn_down.weight", rnd(n, ff, 1.0), Q4)
-            add_f(pre + "post_ffw_norm.weight", norm_w(n, 0.5))
+            add_out_ffn(add_q, add_f, pre, n, s["n_head"] * d, ff)
             add_q(pre + "inp_gate.weight", rnd(s["n_pl"], n, 1.0), Q4)
             add_f(pre + "proj.weight", rnd(n, s["n_pl"], 1.0))
             add_f(pre + "post_norm.weight", norm_w(n, 0.5))
@@ -217,13 +211,7 @@ def main(argv=None) -> int:
             add_f(pre + "attn_norm.weight", norm_w(na))
             add_q(pre + "attn_q.weight", rnd(n_head * d, na, 1.0), Q4)
             add_f(pre + "attn_q_norm.weight", norm_w(d))
-            add_q(pre + "attn_output.weight", rnd(na, n_head * d, 1.0), Q4)
-            add_f(pre + "post_attention_norm.weight", norm_w(na, 0.5))
-            add_f(pre + "ffn_norm.weight", norm_w(na))
-            add_q(pre + "ffn_gate.weight", rnd(ff, na, 1.0), Q4)
-            add_q(pre + "ffn_up.weight", rnd(ff, na, 1.0), Q4)
-            add_q(pre + "ffn_down.weight", rnd(na, ff, 1.0), Q4)
-            add_f(pre + "post_ffw_norm.weight", norm_w(na, 0.5))
+            add_out_ffn(add_q, add_f, pre, na, n_head * d, ff)
             add_f(pre + "layer_output_scale.weight", np.ones(1, np.float32))
 
     write(args.out, "gemma4", fill_target)

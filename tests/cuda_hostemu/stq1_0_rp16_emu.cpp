@@ -131,6 +131,19 @@ static void fill_stq1_0(uint8_t * p, size_t nbytes) {
     }
 }
 
+// the kernel's activation quantization of one column (d = max|x|/127 per 256, round to nearest even), un-permuted
+// with stq1_0_rp16_act_pos, in double
+static void quantized_ref(const float * xc, int64_t k, double * xq) {
+    for (int64_t b = 0; b < k/QK_K; ++b) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK_K; ++i) amax = std::max(amax, fabsf(xc[b*QK_K + i]));
+        const float d = amax/127.0f;
+        int8_t qp[QK_K];
+        for (int i = 0; i < QK_K; ++i) qp[stq1_0_rp16_act_pos(i)] = (int8_t) (d > 0 ? nearbyintf(xc[b*QK_K + i]/d) : 0);
+        for (int i = 0; i < QK_K; ++i) xq[b*QK_K + i] = (double) qp[stq1_0_rp16_act_pos(i)]*d;
+    }
+}
+
 static int check_shape(int64_t m, int64_t k, bool quick) {
     const int nb = k / QK_K;
     const size_t rs = ggml_row_size(GGML_TYPE_STQ1_0, k);
@@ -183,14 +196,7 @@ static int check_shape(int64_t m, int64_t k, bool quick) {
         for (int c = 0; c < n; ++c) {
             const float * xc = (const float *) x->data + c*k;
             std::vector<double> xq(k);
-            for (int b = 0; b < nb; ++b) {
-                float amax = 0.0f;
-                for (int i = 0; i < QK_K; ++i) amax = std::max(amax, fabsf(xc[b*QK_K + i]));
-                const float d = amax/127.0f;
-                int8_t qp[QK_K];
-                for (int i = 0; i < QK_K; ++i) qp[stq1_0_rp16_act_pos(i)] = (int8_t) (d > 0 ? nearbyintf(xc[b*QK_K + i]/d) : 0);
-                for (int i = 0; i < QK_K; ++i) xq[b*QK_K + i] = (double) qp[stq1_0_rp16_act_pos(i)]*d;
-            }
+            quantized_ref(xc, k, xq.data());
             for (int64_t r = 0; r < m; ++r) {
                 double a = 0.0, af = 0.0;
                 for (int64_t i = 0; i < k; ++i) {
@@ -243,19 +249,6 @@ static int check_shape(int64_t m, int64_t k, bool quick) {
 }
 
 // ---- MUL_MAT_ID ----------------------------------------------------------------------------------------------
-
-// the kernel's activation quantization of one column (d = max|x|/127 per 256, round to nearest even), un-permuted
-// with stq1_0_rp16_act_pos, in double
-static void quantized_ref(const float * xc, int64_t k, double * xq) {
-    for (int64_t b = 0; b < k/QK_K; ++b) {
-        float amax = 0.0f;
-        for (int i = 0; i < QK_K; ++i) amax = std::max(amax, fabsf(xc[b*QK_K + i]));
-        const float d = amax/127.0f;
-        int8_t qp[QK_K];
-        for (int i = 0; i < QK_K; ++i) qp[stq1_0_rp16_act_pos(i)] = (int8_t) (d > 0 ? nearbyintf(xc[b*QK_K + i]/d) : 0);
-        for (int i = 0; i < QK_K; ++i) xq[b*QK_K + i] = (double) qp[stq1_0_rp16_act_pos(i)]*d;
-    }
-}
 
 struct id_case {
     int64_t m, k, n_expert, n_used;
