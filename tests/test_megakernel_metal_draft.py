@@ -43,6 +43,15 @@ def pair(request, gemma_model) -> tuple[str, Path, Path]:
     return request.param, target, assistant
 
 
+@pytest.fixture(scope="module")
+def pair_f16(gemma_model) -> tuple[str, Path, Path]:
+    """The F16 pair alone: one weight type is enough for the launch sizes and the planted bugs."""
+    from harness import synth_gemma4
+    p = synth_gemma4.SynthParams(matrix_type="F16", n_vocab=4096, window=16, h_gain=1.0)
+    target, assistant = synth_gemma4.ensure_pair(gemma_model, p=p)
+    return "F16", target, assistant
+
+
 def _run(exe: Path, target: Path, assistant: Path, *args: str, **env) -> tuple[int, str]:
     e = dict(os.environ, GGML_METAL_EMU_GPU_CORES="1")
     for k in ("GGML_METAL_EMU_RESIDENCY", "GGML_METAL_EMU_ORDER", "GGML_METAL_EMU_TG_SCHED", "LLAMA_MEGAKERNEL_DEBUG",
@@ -80,11 +89,9 @@ def test_metal_fused_draft_matches_metal_assistant_graph(test_mk_draft, pair):
     assert re.search(r"^OK assistant layer 1 reads target layer 5's cache: .* \(sequence 1, stream 1\)", out, re.M), out[-3000:]
 
 
-def test_metal_fused_draft_k1_and_k8(test_mk_draft, pair):
+def test_metal_fused_draft_k1_and_k8(test_mk_draft, pair_f16):
     """The smallest and the largest launch (k = 1 and k = GGML_MK_DRAFT_MAX_K = 8) on one sequence."""
-    mt, target, assistant = pair
-    if mt != "F16":
-        pytest.skip("one weight type is enough for the launch sizes")
+    mt, target, assistant = pair_f16
     for k, n in ((1, 6), (8, 3)):
         rc, out = _run(test_mk_draft, target, assistant, "-k", str(k), "-n", str(n), "--max-nmse", "1e-4", "--max-nmse-h", "1e-5")
         assert rc == 0 and "test-mk-draft: passed" in out, f"k={k}:\n{out[-4000:]}"
@@ -98,12 +105,10 @@ def test_metal_fused_draft_k1_and_k8(test_mk_draft, pair):
     ("131072", "every step reads the launch's h, not the step before's h_next"),      # (logits/h_next NMSE ~1e-2)
     ("262144", "the last threadgroup's partial pick left out of the argmax"),          # (a token in its slice lost)
 ])
-def test_metal_fused_draft_planted_barrier_bug_fails(test_mk_draft, pair, flags, what):
-    """Planted bugs in the draft kernel's phases (the plan's debug_flags, LLAMA_MEGAKERNEL_DEBUG): the comparison with
-    the graph must fail."""
-    mt, target, assistant = pair
-    if mt != "F16":
-        pytest.skip("one weight type is enough for the planted bugs")
+def test_metal_fused_draft_planted_bug_fails(test_mk_draft, pair_f16, flags, what):
+    """Planted bugs in the draft kernel (the plan's debug_flags, LLAMA_MEGAKERNEL_DEBUG): the comparison with the
+    graph must fail."""
+    mt, target, assistant = pair_f16
     rc, out = _run(test_mk_draft, target, assistant, "-k", "3", "-n", "3", "--max-nmse", "1e-4", "--max-nmse-h", "1e-5",
                    LLAMA_MEGAKERNEL_DEBUG=flags)
     assert "ggml_metal_mk_new: kernel_mk_draft" in out, out[-3000:]
