@@ -78,7 +78,7 @@ def test_metal_fused_draft_matches_metal_assistant_graph(test_mk_draft, pair):
     k = 3
     rc, out = _run(test_mk_draft, target, assistant, "-k", str(k), "-n", str(N_STATES), "--np", "2",
                    "--max-nmse", "1e-4", "--max-nmse-h", "1e-5")
-    assert "ggml_metal_mk_new: kernel_mk_draft" in out, f"the fused draft did not run on the Metal kernel:\n{out[-3000:]}"
+    assert "ggml_metal_mk_draft_create: kernel_mk_draft" in out, f"the fused draft did not run on the Metal kernel:\n{out[-3000:]}"
     assert rc == 0 and "test-mk-draft: passed" in out, out[-4000:]
     m = re.search(r"^OK draft tokens, (\d+) states x k=(\d+) \((\d+) sequence\(s\).*: (\d+) of (\d+)", out, re.M)
     assert m, out[-3000:]
@@ -99,6 +99,22 @@ def test_metal_fused_draft_k1_and_k8(test_mk_draft, pair_f16):
         assert m and int(m.group(2)) == k and int(m.group(4)) == n*k, out[-3000:]
 
 
+@pytest.mark.parametrize("cores,tgs,sched,order", [("2", "3", "random", "shuffle"), ("2", "", "rr", "rev")])
+def test_metal_fused_draft_schedules_and_grid_sizes(test_mk_draft, pair_f16, cores, tgs, sched, order):
+    """Results may not depend on the grid or on how the emulator schedules the threadgroups: 3 threadgroups (uneven
+    slices of the vocabulary for the argmax: 1366, 1366, 1364) and the 2-core device's 8, under other schedules."""
+    mt, target, assistant = pair_f16
+    env = dict(GGML_METAL_EMU_GPU_CORES=cores, GGML_METAL_EMU_TG_SCHED=sched, GGML_METAL_EMU_ORDER=order)
+    if tgs:
+        env["GGML_METAL_MK_THREADGROUPS"] = tgs
+    rc, out = _run(test_mk_draft, target, assistant, "-k", "4", "-n", "3", "--max-nmse", "1e-4", "--max-nmse-h", "1e-5", **env)
+    m = re.search(r"ggml_metal_mk_draft_create: kernel_mk_draft, (\d+) threadgroups", out)
+    assert m and int(m.group(1)) == int(tgs or 8), out[-3000:]
+    assert rc == 0 and "test-mk-draft: passed" in out, out[-4000:]
+    m = re.search(r"^OK draft tokens, .*: (\d+) of (\d+) compared steps identical", out, re.M)
+    assert m and int(m.group(1)) == int(m.group(2)) == 12, out[-3000:]
+
+
 @pytest.mark.parametrize("flags,what", [
     ("1", "grid barriers removed"),
     ("65536", "the grid barrier without its fences"),
@@ -111,6 +127,6 @@ def test_metal_fused_draft_planted_bug_fails(test_mk_draft, pair_f16, flags, wha
     mt, target, assistant = pair_f16
     rc, out = _run(test_mk_draft, target, assistant, "-k", "3", "-n", "3", "--max-nmse", "1e-4", "--max-nmse-h", "1e-5",
                    LLAMA_MEGAKERNEL_DEBUG=flags)
-    assert "ggml_metal_mk_new: kernel_mk_draft" in out, out[-3000:]
+    assert "ggml_metal_mk_draft_create: kernel_mk_draft" in out, out[-3000:]
     assert rc == 1 and "test-mk-draft: FAILED" in out and re.search(r"^FAIL ", out, re.M), \
         f"{what}: the planted bug went unnoticed:\n{out[-3000:]}"

@@ -376,7 +376,8 @@ static ggml_metal_mk * ggml_metal_mk_new(ggml_metal_device_t dev, const ggml_mk_
     ggml_metal_buffer_clear(mk->buf_bar, 0);        // grid-barrier.h: zero once, never reset
     ggml_metal_buffer_clear(mk->buf_scratch, 0xff); // NaN: a read of a value no phase wrote shows
 
-    GGML_LOG_INFO("%s: %s, %d threadgroups x %d threads, %d weight buffers, scratch %.1f MiB\n", __func__, kname,
+    GGML_LOG_INFO("%s: %s, %d threadgroups x %d threads, %d weight buffers, scratch %.1f MiB\n",
+                  d ? "ggml_metal_mk_draft_create" : "ggml_metal_mk_create", kname,
                   mk->n_tg, MK_MTL_THREADS, mk->wslots.n, mk->scratch_size/1024.0/1024.0);
     return mk;
 }
