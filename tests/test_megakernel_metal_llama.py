@@ -276,7 +276,8 @@ def test_metal_megakernel_server_draft_mtp_equals_greedy(metal_emu_build, synth_
     target's hidden states rmsnorm(x)*output_norm through llama_get_embeddings_nextn_ith): for k = 1..3 the ids and
     log-probabilities of plain greedy decoding with the megakernel, across the 16-token sliding window; the target's
     decode and verify batches are megakernel steps (no batch falls back to the graph), and the drafts made from the
-    megakernel's hidden states are accepted exactly as often as those made from the graph's (LLAMA_MEGAKERNEL=0):
+    megakernel's hidden states (drafted by the Metal fused draft kernel, kernel_mk_draft) are accepted exactly as often
+    as those made from the graph's (LLAMA_MEGAKERNEL=0, the assistant's graph drafting):
     the assistant reads h strongly, so a hidden state of the wrong scale shows as other acceptance counts."""
     import time
 
@@ -309,6 +310,8 @@ def test_metal_megakernel_server_draft_mtp_equals_greedy(metal_emu_build, synth_
         got, log = mtp(k, True)
         ref, _ = mtp(k, False)
         assert "llama_mk: megakernel on MTL0" in log, f"k={k}: the server ran without the megakernel"
+        # the drafts come from the Metal fused draft kernel (kernel_mk_draft, patch 0051's ggml_backend_mk_draft_*)
+        assert "llama_mk_draft: the fused MTP draft kernel drafts" in log, f"k={k}: the assistant's graph drafted"
         # every decode/verify batch of the target is a megakernel step: no reason to fall back is ever logged
         fell = [x for x in log.splitlines() if "llama_mk: standard graph for this batch" in x]
         assert not fell, f"k={k}: batches fell back to the graph: {fell}"

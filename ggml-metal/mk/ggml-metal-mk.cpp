@@ -14,6 +14,9 @@
 //     never more (grid-barrier.h): on metal-emu the emulator's limit, on a Mac the GPU core count
 //     (one threadgroup per core)
 // M (tokens of the step) is read by the kernel from the step buffer: decode and verify are one pipeline.
+// The fused MTP draft (ggml_metal_mk_draft_*, issue 14) is the same machinery around kernel_mk_draft: the plan
+// ggml_mk_draft_model makes of the assistant, its pre/post projections among the weights, the target's token
+// embeddings bound on their own (a copy when llama.cpp keeps them in host memory), one dispatch of k steps.
 #include "ggml-metal-mk.h"
 #include "mk-plan.h"
 
@@ -220,9 +223,20 @@ struct ggml_metal_mk {
     ggml_metal_buffer_t  buf_scratch = nullptr;
     ggml_metal_buffer_t  buf_bar = nullptr;
     size_t               step_size = 0;
+    size_t               scratch_size = 0;
+
+    // the fused draft (ggml_metal_mk_draft_create): its part of the plan (the kernel reads buf_draft), the target's
+    // token embeddings (buf_tok: a copy of host memory, else null and id_tok their Metal buffer)
+    bool                 draft = false;
+    mk_mtl_draft *       dplan = nullptr;
+    ggml_metal_buffer_t  buf_draft = nullptr;
+    ggml_metal_buffer_t  buf_tok = nullptr;
+    ggml_metal_buffer_id id_tok = {};
+    int32_t              n_tok_rows = 0;
+    std::vector<float>   zero_embd;   // (a draft step has no embedding rows: its stream starts from the pre-projection)
 
     ~ggml_metal_mk() {
-        for (ggml_metal_buffer_t b : { buf_plan, buf_step, buf_scratch, buf_bar }) {
+        for (ggml_metal_buffer_t b : { buf_plan, buf_step, buf_scratch, buf_bar, buf_draft, buf_tok }) {
             if (b) {
                 ggml_metal_buffer_free(b);
             }
@@ -231,6 +245,7 @@ struct ggml_metal_mk {
             ggml_metal_library_free(lib);
         }
         delete plan;
+        delete dplan;
     }
 };
 
@@ -245,17 +260,17 @@ static ggml_metal_buffer_id ggml_metal_mk_own_id(ggml_metal_buffer_t buf, size_t
     return ggml_metal_buffer_get_id(buf, &t);
 }
 
-void * ggml_metal_mk_create(ggml_metal_device_t dev, const ggml_mk_model * model, char * err, size_t err_size) {
-    if (model->by_default) {
-        // never timed on Apple hardware (correct on metal-emu only): asked for, not on by default
-        snprintf(err, err_size, "not yet measured on Apple GPUs, so not on by default; LLAMA_MEGAKERNEL=1 uses it");
-        return nullptr;
-    }
+// the megakernel of a plan model: kernel_mk_decode, or (d: the draft that model was made of by ggml_mk_draft_model)
+// kernel_mk_draft with the draft's weights, token embeddings and scratch
+static ggml_metal_mk * ggml_metal_mk_new(ggml_metal_device_t dev, const ggml_mk_model * model, const ggml_mk_draft * d,
+                                         char * err, size_t err_size) {
+    const char * kname = d ? "kernel_mk_draft" : "kernel_mk_decode";
     ggml_metal_mk * mk = new ggml_metal_mk();
-    mk->dev  = dev;
-    mk->plan = new mk_mtl_plan();
+    mk->dev   = dev;
+    mk->draft = d != nullptr;
+    mk->plan  = new mk_mtl_plan();
 
-    auto fail = [&]() -> void * {
+    auto fail = [&]() -> ggml_metal_mk * {
         delete mk;
         return nullptr;
     };
@@ -263,27 +278,31 @@ void * ggml_metal_mk_create(ggml_metal_device_t dev, const ggml_mk_model * model
     if (!ggml_metal_mk_weight_slots(model, mk->wslots, err, err_size)) {
         return fail();
     }
+    if (d && (!mk->wslots.add(d->pre.data, ggml_metal_mk_weight_bytes(d->pre), "nextn.pre_projection", err, err_size) ||
+              !mk->wslots.add(d->post.data, ggml_metal_mk_weight_bytes(d->post), "nextn.post_projection", err, err_size))) {
+        return fail();
+    }
     if (mk_mtl_plan_make(model, mk->wslots.range, mk->wslots.n, mk->plan, err, err_size) != 0) {
         return fail();
     }
 
 #ifdef GGML_METAL_EMU
-    // the emulated library holds the translated kernels, kernel_mk_decode among them (emu.cmake)
+    // the emulated library holds the translated kernels, kernel_mk_decode and kernel_mk_draft among them (emu.cmake)
     mk->lib = ggml_metal_library_init(dev);
 #else
     mk->lib = ggml_metal_library_init_from_source(dev, ggml_metal_mk_source, true);
 #endif
     if (!mk->lib) {
-        snprintf(err, err_size, "cannot build the Metal library of kernel_mk_decode (mk-kernel.metal)");
+        snprintf(err, err_size, "cannot build the Metal library of %s (mk-kernel.metal)", kname);
         return fail();
     }
-    mk->ppl = ggml_metal_library_compile_pipeline(mk->lib, "kernel_mk_decode", "kernel_mk_decode", nullptr);
+    mk->ppl = ggml_metal_library_compile_pipeline(mk->lib, kname, kname, nullptr);
     if (!mk->ppl.pipeline) {
-        snprintf(err, err_size, "no pipeline for kernel_mk_decode");
+        snprintf(err, err_size, "no pipeline for %s", kname);
         return fail();
     }
     if (ggml_metal_pipeline_max_theads_per_threadgroup(mk->ppl) < MK_MTL_THREADS) {
-        snprintf(err, err_size, "kernel_mk_decode: the pipeline runs at most %d threads per threadgroup (needs %d)",
+        snprintf(err, err_size, "%s: the pipeline runs at most %d threads per threadgroup (needs %d)", kname,
                  ggml_metal_pipeline_max_theads_per_threadgroup(mk->ppl), MK_MTL_THREADS);
         return fail();
     }
@@ -297,42 +316,92 @@ void * ggml_metal_mk_create(ggml_metal_device_t dev, const ggml_mk_model * model
         snprintf(err, err_size, "the device keeps no threadgroup of %d threads co-resident", MK_MTL_THREADS);
         return fail();
     }
+    mk->scratch_size = mk->plan->scratch_size;
+
+    if (d) {
+        // the target's token embeddings, one row per step: a copy when llama.cpp keeps them in host memory (the input
+        // layer's buffer), else the Metal buffer that holds them
+        const size_t tok_bytes = ggml_metal_mk_weight_bytes(d->tok_embd);
+        uint64_t tok_off = 0;
+        if (!d->tok_embd.data || tok_bytes == 0) {
+            snprintf(err, err_size, "the draft has no token embeddings");
+            return fail();
+        }
+        if (d->tok_embd_host) {
+            mk->buf_tok = ggml_metal_buffer_init(dev, tok_bytes, true);
+            if (!mk->buf_tok) {
+                snprintf(err, err_size, "cannot allocate the copy of the target's token embeddings (%zu bytes)", tok_bytes);
+                return fail();
+            }
+            memcpy(ggml_metal_buffer_get_base(mk->buf_tok), d->tok_embd.data, tok_bytes);
+            mk->id_tok = ggml_metal_mk_own_id(mk->buf_tok, tok_bytes);
+        } else {
+            ggml_metal_buffer_id id = {};
+            if (!ggml_metal_mk_resolve(d->tok_embd.data, tok_bytes, &id)) {
+                snprintf(err, err_size, "the target's token embeddings: not in a Metal buffer of this device");
+                return fail();
+            }
+            tok_off    = id.offs;
+            mk->id_tok = { id.metal, 0 };
+        }
+        mk->dplan = new mk_mtl_draft();
+        if (mk_mtl_draft_make(d, mk->plan, mk->wslots.range, mk->wslots.n, mk->n_tg, tok_off, mk->dplan, err, err_size) != 0) {
+            return fail();
+        }
+        if (tok_off % 4 != 0 || d->tok_embd.nb1 % 2 != 0) {
+            snprintf(err, err_size, "the target's token embeddings: offset or row stride not aligned");
+            return fail();
+        }
+        mk->scratch_size = mk->dplan->scratch_size;
+        mk->n_tok_rows   = d->tok_embd.ne1;
+        mk->zero_embd.assign((size_t) model->n_embd, 0.0f);
+        mk->buf_draft = ggml_metal_buffer_init(dev, sizeof(mk_mtl_draft), true);
+        if (!mk->buf_draft) {
+            snprintf(err, err_size, "cannot allocate the draft's parameter buffer");
+            return fail();
+        }
+    }
 
     mk->step_size   = mk_mtl_step_size(mk->plan);
     mk->buf_plan    = ggml_metal_buffer_init(dev, sizeof(mk_mtl_plan), true);
     mk->buf_step    = ggml_metal_buffer_init(dev, mk->step_size, true);
-    mk->buf_scratch = ggml_metal_buffer_init(dev, mk->plan->scratch_size, true);
+    mk->buf_scratch = ggml_metal_buffer_init(dev, mk->scratch_size, true);
     mk->buf_bar     = ggml_metal_buffer_init(dev, 256, true);
     if (!mk->buf_plan || !mk->buf_step || !mk->buf_scratch || !mk->buf_bar) {
         snprintf(err, err_size, "cannot allocate the megakernel's buffers (scratch %zu bytes, step %zu bytes)",
-                 (size_t) mk->plan->scratch_size, mk->step_size);
+                 mk->scratch_size, mk->step_size);
         return fail();
     }
     memcpy(ggml_metal_buffer_get_base(mk->buf_plan), mk->plan, sizeof(mk_mtl_plan));
     ggml_metal_buffer_clear(mk->buf_bar, 0);        // grid-barrier.h: zero once, never reset
     ggml_metal_buffer_clear(mk->buf_scratch, 0xff); // NaN: a read of a value no phase wrote shows
 
-    GGML_LOG_INFO("%s: kernel_mk_decode, %d threadgroups x %d threads, %d weight buffers, scratch %.1f MiB\n", __func__,
-                  mk->n_tg, MK_MTL_THREADS, mk->wslots.n, mk->plan->scratch_size/1024.0/1024.0);
+    GGML_LOG_INFO("%s: %s, %d threadgroups x %d threads, %d weight buffers, scratch %.1f MiB\n",
+                  d ? "ggml_metal_mk_draft_create" : "ggml_metal_mk_create", kname,
+                  mk->n_tg, MK_MTL_THREADS, mk->wslots.n, mk->scratch_size/1024.0/1024.0);
     return mk;
 }
 
-int ggml_metal_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
-    ggml_metal_mk * mk = (ggml_metal_mk *) h;
-    const mk_mtl_plan * P = mk->plan;
-    char err[256] = {0};
+void * ggml_metal_mk_create(ggml_metal_device_t dev, const ggml_mk_model * model, char * err, size_t err_size) {
+    if (model->by_default) {
+        // never timed on Apple hardware (correct on metal-emu only): asked for, not on by default
+        snprintf(err, err_size, "not yet measured on Apple GPUs, so not on by default; LLAMA_MEGAKERNEL=1 uses it");
+        return nullptr;
+    }
+    return ggml_metal_mk_new(dev, model, nullptr, err, err_size);
+}
 
-    // the step's KV views: llama.cpp's cache buffers (K and V of both caches)
-    ggml_metal_mk_slots kvslots(MK_MTL_N_KVBUF);
-    for (int il = 0; il < P->n_layer; ++il) {
+// the step's KV views (the first n_layer of kv): llama.cpp's cache buffers (K and V of both caches); a KV slot covers
+// its whole Metal buffer (the kernel reads cells up to n_kv, writes the step's cells)
+static bool ggml_metal_mk_kv_slots(const ggml_mk_kv_view * kv, int n_layer, ggml_metal_mk_slots & kvslots, char * err,
+                                   size_t err_size) {
+    for (int il = 0; il < n_layer; ++il) {
         char what[64];
         snprintf(what, sizeof(what), "layer %d K/V cache", il);
-        if (!kvslots.add(step->kv[il].k, 2, what, err, sizeof(err)) || !kvslots.add(step->kv[il].v, 2, what, err, sizeof(err))) {
-            GGML_LOG_ERROR("%s: step of %d tokens: %s\n", __func__, step->n_tokens, err);
-            return 1;
+        if (!kvslots.add(kv[il].k, 2, what, err, err_size) || !kvslots.add(kv[il].v, 2, what, err, err_size)) {
+            return false;
         }
     }
-    // a KV slot covers its whole Metal buffer (the kernel reads cells up to n_kv, writes the step's cells)
     for (int i = 0; i < kvslots.n; ++i) {
         std::lock_guard<std::mutex> lk(g_mk_bufs_lock);
         for (const auto & b : g_mk_bufs) {
@@ -343,11 +412,11 @@ int ggml_metal_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
             }
         }
     }
-    if (mk_mtl_step_fill(P, step, kvslots.range, kvslots.n, ggml_metal_buffer_get_base(mk->buf_step), err, sizeof(err)) != 0) {
-        GGML_LOG_ERROR("%s: step of %d tokens: %s\n", __func__, step->n_tokens, err);
-        return 1;
-    }
+    return true;
+}
 
+// one persistent dispatch of the handle's kernel over its buffers (the step buffer filled); false if it failed
+static bool ggml_metal_mk_dispatch(ggml_metal_mk * mk, const ggml_metal_mk_slots & kvslots) {
     ggml_metal_cmd_buf_t cmd_buf = ggml_metal_device_cmd_buf_init(mk->dev);
     ggml_metal_encoder_t enc = ggml_metal_encoder_init(cmd_buf, false);
     ggml_metal_encoder_set_pipeline(enc, mk->ppl);
@@ -362,12 +431,34 @@ int ggml_metal_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     for (int i = 0; i < MK_MTL_N_KVBUF; ++i) {
         ggml_metal_encoder_set_buffer(enc, i < kvslots.n ? ggml_metal_buffer_id{ kvslots.metal[i], 0 } : id_plan, MK_MTL_B_KV0 + i);
     }
-    ggml_metal_encoder_set_buffer(enc, ggml_metal_mk_own_id(mk->buf_scratch, P->scratch_size), MK_MTL_B_SCRATCH);
+    ggml_metal_encoder_set_buffer(enc, ggml_metal_mk_own_id(mk->buf_scratch, mk->scratch_size), MK_MTL_B_SCRATCH);
     ggml_metal_encoder_set_buffer(enc, ggml_metal_mk_own_id(mk->buf_bar, 256), MK_MTL_B_BAR);
+    if (mk->draft) {
+        ggml_metal_encoder_set_buffer(enc, ggml_metal_mk_own_id(mk->buf_draft, sizeof(mk_mtl_draft)), MK_MTL_B_DRAFT);
+        ggml_metal_encoder_set_buffer(enc, mk->id_tok, MK_MTL_B_TOK);
+    }
     ggml_metal_encoder_dispatch_threadgroups(enc, mk->n_tg, 1, 1, MK_MTL_THREADS, 1, 1);
     ggml_metal_encoder_end_encoding(enc);
     ggml_metal_encoder_free(enc);
-    if (!ggml_metal_device_cmd_buf_commit_and_wait(cmd_buf)) {
+    return ggml_metal_device_cmd_buf_commit_and_wait(cmd_buf);
+}
+
+int ggml_metal_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
+    ggml_metal_mk * mk = (ggml_metal_mk *) h;
+    const mk_mtl_plan * P = mk->plan;
+    char err[256] = {0};
+
+    ggml_metal_mk_slots kvslots(MK_MTL_N_KVBUF);
+    if (!ggml_metal_mk_kv_slots(step->kv, P->n_layer, kvslots, err, sizeof(err))) {
+        GGML_LOG_ERROR("%s: step of %d tokens: %s\n", __func__, step->n_tokens, err);
+        return 1;
+    }
+    if (mk_mtl_step_fill(P, step, kvslots.range, kvslots.n, ggml_metal_buffer_get_base(mk->buf_step), err, sizeof(err)) != 0) {
+        GGML_LOG_ERROR("%s: step of %d tokens: %s\n", __func__, step->n_tokens, err);
+        return 1;
+    }
+
+    if (!ggml_metal_mk_dispatch(mk, kvslots)) {
         GGML_LOG_ERROR("%s: step of %d tokens at position %d: kernel_mk_decode failed\n", __func__, step->n_tokens, step->pos[0]);
         return 2;
     }
@@ -386,5 +477,82 @@ int ggml_metal_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
 }
 
 void ggml_metal_mk_free(void * h) {
+    delete (ggml_metal_mk *) h;
+}
+
+//
+// the fused MTP draft
+//
+
+void * ggml_metal_mk_draft_create(ggml_metal_device_t dev, const ggml_mk_draft * d, char * err, size_t err_size) {
+    if (d->version != GGML_MK_DRAFT_VERSION) {
+        snprintf(err, err_size, "draft plan version %d, kernel version %d", d->version, GGML_MK_DRAFT_VERSION);
+        return nullptr;
+    }
+    if (d->n_layer < 1 || d->n_layer > GGML_MK_DRAFT_MAX_LAYERS) {
+        snprintf(err, err_size, "%d assistant layers (1..%d)", d->n_layer, GGML_MK_DRAFT_MAX_LAYERS);
+        return nullptr;
+    }
+    ggml_mk_model md = {};
+    ggml_mk_draft_model(d, &md);
+    return ggml_metal_mk_new(dev, &md, d, err, err_size);
+}
+
+// one dispatch of the fused draft: step->k draft steps from (token, h) at step->pos (kernel_mk_draft)
+int ggml_metal_mk_draft_eval(void * h, const ggml_mk_draft_step * step) {
+    ggml_metal_mk * mk = (ggml_metal_mk *) h;
+    if (!mk || !mk->draft || step->k < 1 || step->k > mk->dplan->k_max || !step->tokens_out || !step->h ||
+        step->token < 0 || step->token >= mk->n_tok_rows) {
+        return 1;
+    }
+    const mk_mtl_plan * P = mk->plan;
+    const int k  = step->k;
+    const int nb = mk->dplan->n_embd_bb;
+    char err[256] = {0};
+
+    // the step buffer: one token at the launch's position, its mask rows and the layers' views of the target's caches
+    ggml_mk_step st = {};
+    st.n_tokens = 1;
+    st.pos[0]   = step->pos;
+    for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
+        st.n_kv[c] = step->n_kv[c];
+        st.mask[c] = step->mask[c];
+    }
+    st.embd = mk->zero_embd.data();
+    for (int il = 0; il < P->n_layer; ++il) {
+        st.kv[il] = step->kv[il];   // (the draft's layers write no K/V: no cells)
+    }
+    ggml_metal_mk_slots kvslots(MK_MTL_N_KVBUF);
+    if (!ggml_metal_mk_kv_slots(st.kv, P->n_layer, kvslots, err, sizeof(err)) ||
+        mk_mtl_step_fill(P, &st, kvslots.range, kvslots.n, ggml_metal_buffer_get_base(mk->buf_step), err, sizeof(err)) != 0) {
+        GGML_LOG_ERROR("%s: draft at position %d: %s\n", __func__, step->pos, err);
+        return 7;
+    }
+
+    // the launch's parameters and h
+    mk_mtl_draft * D = (mk_mtl_draft *) ggml_metal_buffer_get_base(mk->buf_draft);
+    *D = *mk->dplan;
+    D->k           = k;
+    D->token       = step->token;
+    D->want_logits = step->logits_out ? 1 : 0;
+    char * scr = (char *) ggml_metal_buffer_get_base(mk->buf_scratch);
+    memcpy(scr + D->s_hin, step->h, (size_t) nb*sizeof(float));
+
+    if (!ggml_metal_mk_dispatch(mk, kvslots)) {
+        GGML_LOG_ERROR("%s: draft of %d steps at position %d: kernel_mk_draft failed\n", __func__, k, step->pos);
+        return 6;
+    }
+
+    memcpy(step->tokens_out, scr + D->s_tok, (size_t) k*sizeof(int32_t));
+    if (step->logits_out) {
+        memcpy(step->logits_out, scr + D->s_lg, (size_t) k*P->n_vocab*sizeof(float));
+    }
+    if (step->h_out) {
+        memcpy(step->h_out, scr + D->s_hn, (size_t) k*nb*sizeof(float));
+    }
+    return 0;
+}
+
+void ggml_metal_mk_draft_free(void * h) {
     delete (ggml_metal_mk *) h;
 }

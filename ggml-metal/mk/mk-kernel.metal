@@ -8,6 +8,11 @@
 // are separated by grid barriers (grid-barrier.h); the grid is sized from the device's co-residency
 // limit, never from the problem: every loop below strides over whatever threadgroups there are.
 //
+// kernel_mk_draft, the fused MTP draft (issue 14; the CUDA kernel's mk_draft_kernel): k one-token steps of the
+// assistant's plan (ggml_mk_draft_model) in one dispatch, the same layer code (mk_layers_head) between the
+// pre-projection of concat(tok_embd[t]*embd_scale, h) and h_next = post*n + the argmax of the logits (first index of
+// the largest; the token and h_next chained to the next step on the GPU).
+//
 // Buffers and the device plan: mk-plan.h (weights, norms, KV and scratch as byte offsets into bound
 // buffers; one source of truth with the host code that derives the plan).
 //
@@ -515,70 +520,13 @@ static void mk_attn_combine(thread const mk_ctx & c, int il) {
 
 // ---------------------------------------------------------------------------------------------
 
-// the buffer indices of mk-plan.h (literal in the attributes below)
-static_assert(MK_MTL_B_PLAN == 0 && MK_MTL_B_STEP == 1 && MK_MTL_B_W0 == 2 && MK_MTL_N_WBUF == 4 && MK_MTL_B_KV0 == 6 &&
-              MK_MTL_N_KVBUF == 2 && MK_MTL_B_SCRATCH == 8 && MK_MTL_B_BAR == 9, "mk-plan.h buffer indices");
-
-kernel void kernel_mk_decode(
-        device const mk_mtl_plan * plan  [[buffer(0)]],
-        device const uchar       * stp   [[buffer(1)]],
-        device const uchar       * w0    [[buffer(2)]],
-        device const uchar       * w1    [[buffer(3)]],
-        device const uchar       * w2    [[buffer(4)]],
-        device const uchar       * w3    [[buffer(5)]],
-        MK_DEV uchar             * kv0   [[buffer(6)]],
-        MK_DEV uchar             * kv1   [[buffer(7)]],
-        MK_DEV uchar             * scr   [[buffer(8)]],
-        device atomic_uint       * bar   [[buffer(9)]],
-        uint   tgpig [[threadgroup_position_in_grid]],
-        uint   ntgpg [[threadgroups_per_grid]],
-        ushort tiitg [[thread_index_in_threadgroup]],
-        ushort sgitg [[simdgroup_index_in_threadgroup]],
-        ushort tiisg [[thread_index_in_simdgroup]]) {
-    threadgroup float red[MK_MTL_NSG];
-
-    mk_ctx c;
-    c.P      = plan;
-    c.S      = (device const mk_mtl_step *) stp;
-    c.stp    = stp;
-    c.wb[0]  = w0;
-    c.wb[1]  = w1;
-    c.wb[2]  = w2;
-    c.wb[3]  = w3;
-    c.kvb[0] = kv0;
-    c.kvb[1] = kv1;
-    c.scr    = scr;
-    c.bar    = bar;
-    c.red    = red;
-    c.M      = c.S->n_tokens;
-    c.tg     = (int) tgpig;
-    c.ntg    = (int) ntgpg;
-    c.tid    = (int) tiitg;
-    c.sg     = (int) sgitg;
-    c.lane   = (int) tiisg;
-    c.gsg    = c.tg*MK_MTL_NSG + c.sg;
-    c.nsg    = c.ntg*MK_MTL_NSG;
-
-    device const mk_mtl_plan & P = *plan;
+// the layers and the LM head of a step whose residual stream s_x holds its inputs (a decode step: the scaled token
+// embeddings; a draft step: the pre-projection): the logits to s_logits, the LM head's inputs rmsnorm(x)*output_norm
+// left in s_xn (the hidden states an MTP draft reads). Ends with the LM head (no barrier after it)
+static void mk_layers_head(thread const mk_ctx & c) {
+    device const mk_mtl_plan & P = *c.P;
     const int n = P.n_embd;
     const bool ple = P.n_embd_pl > 0;
-
-    // x = token embedding * sqrt(n_embd)
-    {
-        device const float * e = (device const float *) (stp + c.S->embd);
-        MK_DEV float * x = mk_scr(c, P.s_x);
-        for (int i = c.tg*MK_MTL_THREADS + c.tid; i < c.M*n; i += c.ntg*MK_MTL_THREADS) {
-            x[i] = e[i]*P.embd_scale;
-        }
-    }
-    mk_sync(c);
-
-    if (ple) {
-        mk_matvec1(c, P.s_x, n, P.pl_model_proj, P.s_pl_in, P.n_pl_all, MK_EP_PLAIN, 0, 0, 0.0f);
-        mk_sync(c);
-        mk_pl_inputs(c);
-        mk_sync(c);
-    }
 
     // the residual step still to apply to x before the next norm: x = (x + rmsnorm(h)*res_w)*res_s
     bool     res   = false;
@@ -653,4 +601,248 @@ kernel void kernel_mk_decode(
     mk_sync(c);
     mk_matvec1(c, P.s_xn, n, P.output, P.s_logits, P.n_vocab, P.softcap > 0.0f ? MK_EP_SOFTCAP : MK_EP_PLAIN, 0, 0,
                P.softcap);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the fused MTP draft (mk_mtl_draft in mk-plan.h; the CUDA kernel's mk_draft_inputs / mk_draft_pick / mk_draft_token)
+
+struct mk_dctx {
+    device const mk_mtl_draft * D;
+    device const uchar        * tok;   // buffer(MK_MTL_B_TOK): the target's token embeddings
+    threadgroup float         * pv;    // [MK_MTL_NSG]
+    threadgroup uint          * pi;    // [MK_MTL_NSG]
+};
+
+// (v, i) = the pair with the larger value, on a tie the smaller index (the first index of the largest value)
+static inline void mk_argmax_pair(thread float & v, thread uint & i, float ov, uint oi) {
+    const bool take = ov > v || (ov == v && oi < i);
+    v = take ? ov : v;
+    i = take ? oi : i;
+}
+
+// the threadgroup's argmax of every thread's (v, i): lanes by a butterfly, then simdgroups in order; every thread
+// gets the result (the rule is a total order: the result does not depend on the order of the comparisons). Called in
+// threadgroup-uniform control flow
+static inline void mk_argmax_tg(thread const mk_ctx & c, thread const mk_dctx & d, thread float & v, thread uint & i) {
+    mk_argmax_pair(v, i, simd_shuffle_xor(v, 16), simd_shuffle_xor(i, 16));
+    mk_argmax_pair(v, i, simd_shuffle_xor(v, 8),  simd_shuffle_xor(i, 8));
+    mk_argmax_pair(v, i, simd_shuffle_xor(v, 4),  simd_shuffle_xor(i, 4));
+    mk_argmax_pair(v, i, simd_shuffle_xor(v, 2),  simd_shuffle_xor(i, 2));
+    mk_argmax_pair(v, i, simd_shuffle_xor(v, 1),  simd_shuffle_xor(i, 1));
+    if (c.lane == 0) {
+        d.pv[c.sg] = v;
+        d.pi[c.sg] = i;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    v = d.pv[0];
+    i = d.pi[0];
+    for (int k = 1; k < MK_MTL_NSG; ++k) {
+        mk_argmax_pair(v, i, d.pv[k], d.pi[k]);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
+// the draft of step j from the threadgroups' partial picks (after the grid barrier that follows mk_draft_pick): every
+// threadgroup reduces the same partials, so all get the same token; threadgroup 0 also stores it for the host
+static int mk_draft_token(thread const mk_ctx & c, thread const mk_dctx & d, int j) {
+    device const mk_mtl_draft & D = *d.D;
+    MK_DEV const float * pv = mk_scr(c, D.s_pv);
+    MK_DEV const uint  * pi = (MK_DEV const uint *) (c.scr + D.s_pi);
+    float v = -FLT_MAX;
+    uint  i = 0xffffffffu;
+    const int nb = c.P->debug_flags & MK_MTL_DEBUG_DRAFT_PICK_DROPPED ? c.ntg - 1 : c.ntg;   // (planted bug)
+    for (int b = c.tid; b < nb; b += MK_MTL_THREADS) {
+        mk_argmax_pair(v, i, pv[b], pi[b]);
+    }
+    mk_argmax_tg(c, d, v, i);
+    const int t = i < (uint) c.P->n_vocab ? (int) i : 0;   // (no logit above -FLT_MAX: token 0)
+    if (c.tg == 0 && c.tid == 0) {
+        ((MK_DEV int *) (c.scr + D.s_tok))[j] = t;
+    }
+    return t;
+}
+
+// step j's pre-projection input concat(tok_embd[t]*embd_scale, h) (h: the launch's, or step j-1's h_next), the row
+// decoded in place by mk_deq32 (the decoding of the weights)
+static void mk_draft_inputs(thread const mk_ctx & c, thread const mk_dctx & d, int j, int t) {
+    device const mk_mtl_draft & D = *d.D;
+    const int nb = D.n_embd_bb;
+    device const uchar * row = d.tok + D.tok_embd.off + (ulong) t*D.tok_embd.nb1;
+    MK_DEV float * xh = mk_scr(c, D.s_xh);
+    const int tid = c.tg*MK_MTL_THREADS + c.tid;
+    for (int g = tid; g < nb/32; g += c.ntg*MK_MTL_THREADS) {
+        float w[32];
+        mk_deq32(row, D.tok_embd.type, g, 32, w);
+        for (int i = 0; i < 32; ++i) {
+            xh[32*g + i] = w[i]*D.embd_scale;
+        }
+    }
+    const bool chain = !(c.P->debug_flags & MK_MTL_DEBUG_DRAFT_H_UNCHAINED);   // (planted bug)
+    MK_DEV const float * h = j == 0 || !chain ? mk_scr(c, D.s_hin) : mk_scr(c, D.s_hn) + (ulong) (j - 1)*nb;
+    for (int i = tid; i < nb; i += c.ntg*MK_MTL_THREADS) {
+        xh[nb + i] = h[i];
+    }
+}
+
+// every threadgroup: the largest logit of its slice of the vocabulary and its first index (and the slice's logits to
+// s_lg, if wanted); the step's draft is reduced from them after the grid barrier that follows (mk_draft_token)
+static void mk_draft_pick(thread const mk_ctx & c, thread const mk_dctx & d, int j) {
+    device const mk_mtl_draft & D = *d.D;
+    const int nv  = c.P->n_vocab;
+    const int per = (nv + c.ntg - 1)/c.ntg;
+    const int i0  = c.tg*per;
+    const int i1  = min(i0 + per, nv);
+    MK_DEV const float * lg = mk_scr(c, c.P->s_logits);
+    MK_DEV float * out = mk_scr(c, D.s_lg) + (ulong) j*nv;
+    float v = -FLT_MAX;
+    uint  i = (uint) nv;   // (an empty slice: loses every comparison)
+    for (int r = i0 + c.tid; r < i1; r += MK_MTL_THREADS) {
+        const float x = lg[r];
+        if (D.want_logits) {
+            out[r] = x;
+        }
+        if (x > v) {
+            v = x;
+            i = (uint) r;
+        }
+    }
+    mk_argmax_tg(c, d, v, i);
+    if (c.tid == 0) {
+        mk_scr(c, D.s_pv)[c.tg] = v;
+        ((MK_DEV uint *) (c.scr + D.s_pi))[c.tg] = i;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// the buffer indices of mk-plan.h (literal in the attributes below)
+static_assert(MK_MTL_B_PLAN == 0 && MK_MTL_B_STEP == 1 && MK_MTL_B_W0 == 2 && MK_MTL_N_WBUF == 4 && MK_MTL_B_KV0 == 6 &&
+              MK_MTL_N_KVBUF == 2 && MK_MTL_B_SCRATCH == 8 && MK_MTL_B_BAR == 9 && MK_MTL_B_DRAFT == 10 &&
+              MK_MTL_B_TOK == 11, "mk-plan.h buffer indices");
+
+static inline void mk_ctx_init(thread mk_ctx & c, device const mk_mtl_plan * plan, device const uchar * stp,
+                               device const uchar * w0, device const uchar * w1, device const uchar * w2, device const uchar * w3,
+                               MK_DEV uchar * kv0, MK_DEV uchar * kv1, MK_DEV uchar * scr, device atomic_uint * bar,
+                               threadgroup float * red, uint tgpig, uint ntgpg, ushort tiitg, ushort sgitg, ushort tiisg) {
+    c.P      = plan;
+    c.S      = (device const mk_mtl_step *) stp;
+    c.stp    = stp;
+    c.wb[0]  = w0;
+    c.wb[1]  = w1;
+    c.wb[2]  = w2;
+    c.wb[3]  = w3;
+    c.kvb[0] = kv0;
+    c.kvb[1] = kv1;
+    c.scr    = scr;
+    c.bar    = bar;
+    c.red    = red;
+    c.M      = c.S->n_tokens;
+    c.tg     = (int) tgpig;
+    c.ntg    = (int) ntgpg;
+    c.tid    = (int) tiitg;
+    c.sg     = (int) sgitg;
+    c.lane   = (int) tiisg;
+    c.gsg    = c.tg*MK_MTL_NSG + c.sg;
+    c.nsg    = c.ntg*MK_MTL_NSG;
+}
+
+kernel void kernel_mk_decode(
+        device const mk_mtl_plan * plan  [[buffer(0)]],
+        device const uchar       * stp   [[buffer(1)]],
+        device const uchar       * w0    [[buffer(2)]],
+        device const uchar       * w1    [[buffer(3)]],
+        device const uchar       * w2    [[buffer(4)]],
+        device const uchar       * w3    [[buffer(5)]],
+        MK_DEV uchar             * kv0   [[buffer(6)]],
+        MK_DEV uchar             * kv1   [[buffer(7)]],
+        MK_DEV uchar             * scr   [[buffer(8)]],
+        device atomic_uint       * bar   [[buffer(9)]],
+        uint   tgpig [[threadgroup_position_in_grid]],
+        uint   ntgpg [[threadgroups_per_grid]],
+        ushort tiitg [[thread_index_in_threadgroup]],
+        ushort sgitg [[simdgroup_index_in_threadgroup]],
+        ushort tiisg [[thread_index_in_simdgroup]]) {
+    threadgroup float red[MK_MTL_NSG];
+
+    mk_ctx c;
+    mk_ctx_init(c, plan, stp, w0, w1, w2, w3, kv0, kv1, scr, bar, red, tgpig, ntgpg, tiitg, sgitg, tiisg);
+
+    device const mk_mtl_plan & P = *plan;
+    const int n = P.n_embd;
+
+    // x = token embedding * sqrt(n_embd)
+    {
+        device const float * e = (device const float *) (stp + c.S->embd);
+        MK_DEV float * x = mk_scr(c, P.s_x);
+        for (int i = c.tg*MK_MTL_THREADS + c.tid; i < c.M*n; i += c.ntg*MK_MTL_THREADS) {
+            x[i] = e[i]*P.embd_scale;
+        }
+    }
+    mk_sync(c);
+
+    if (P.n_embd_pl > 0) {
+        mk_matvec1(c, P.s_x, n, P.pl_model_proj, P.s_pl_in, P.n_pl_all, MK_EP_PLAIN, 0, 0, 0.0f);
+        mk_sync(c);
+        mk_pl_inputs(c);
+        mk_sync(c);
+    }
+
+    mk_layers_head(c);
+}
+
+// the fused MTP draft: D.k steps of the assistant (a one-token step of the plan ggml_mk_draft_model makes of it) in
+// one dispatch; step j: t = the launch's token or step j-1's draft, x = pre*concat(tok_embd[t]*embd_scale, h) (h: the
+// launch's or step j-1's h_next), the layers and the LM head, h_next = post*n, the draft = the argmax of the logits.
+// Every step is at the launch's position with its KV cells and masks (the step buffer, M = 1)
+kernel void kernel_mk_draft(
+        device const mk_mtl_plan  * plan  [[buffer(0)]],
+        device const uchar        * stp   [[buffer(1)]],
+        device const uchar        * w0    [[buffer(2)]],
+        device const uchar        * w1    [[buffer(3)]],
+        device const uchar        * w2    [[buffer(4)]],
+        device const uchar        * w3    [[buffer(5)]],
+        MK_DEV uchar              * kv0   [[buffer(6)]],
+        MK_DEV uchar              * kv1   [[buffer(7)]],
+        MK_DEV uchar              * scr   [[buffer(8)]],
+        device atomic_uint        * bar   [[buffer(9)]],
+        device const mk_mtl_draft * dft   [[buffer(10)]],
+        device const uchar        * tok   [[buffer(11)]],
+        uint   tgpig [[threadgroup_position_in_grid]],
+        uint   ntgpg [[threadgroups_per_grid]],
+        ushort tiitg [[thread_index_in_threadgroup]],
+        ushort sgitg [[simdgroup_index_in_threadgroup]],
+        ushort tiisg [[thread_index_in_simdgroup]]) {
+    threadgroup float red[MK_MTL_NSG];
+    threadgroup float pick_v[MK_MTL_NSG];
+    threadgroup uint  pick_i[MK_MTL_NSG];
+
+    mk_ctx c;
+    mk_ctx_init(c, plan, stp, w0, w1, w2, w3, kv0, kv1, scr, bar, red, tgpig, ntgpg, tiitg, sgitg, tiisg);
+    mk_dctx d;
+    d.D   = dft;
+    d.tok = tok;
+    d.pv  = pick_v;
+    d.pi  = pick_i;
+
+    device const mk_mtl_plan  & P = *plan;
+    device const mk_mtl_draft & D = *dft;
+    const int n  = P.n_embd;
+    const int nb = D.n_embd_bb;
+
+    for (int j = 0; j < D.k; ++j) {
+        const int t = j == 0 ? D.token : mk_draft_token(c, d, j - 1);
+        mk_draft_inputs(c, d, j, t);
+        mk_sync(c);
+        mk_matvec1(c, D.s_xh, 2*nb, D.pre, P.s_x, n, MK_EP_PLAIN, 0, 0, 0.0f);
+        mk_sync(c);
+        mk_layers_head(c);
+        mk_sync(c);
+        // h_next = post*n (n: the LM head's inputs, s_xn), and the threadgroups' partial picks of the logits
+        mk_matvec1(c, P.s_xn, n, D.post, D.s_hn + (ulong) j*nb*4, nb, MK_EP_PLAIN, 0, 0, 0.0f);
+        mk_draft_pick(c, d, j);
+        mk_sync(c);
+    }
+    if (c.tg == 0) {
+        mk_draft_token(c, d, D.k - 1);   // the last draft for the host (the others: each next step reduced them)
+    }
 }

@@ -11,6 +11,8 @@
 //   buffer(MK_MTL_B_KV0 + i)  KV cache buffer i < MK_MTL_N_KVBUF (llama.cpp's own cache tensors)
 //   buffer(MK_MTL_B_SCRATCH)  scratch (activations; layout in the plan)
 //   buffer(MK_MTL_B_BAR)      grid barrier state: two atomic_uint, zero once (grid-barrier.h)
+//   buffer(MK_MTL_B_DRAFT)    the fused MTP draft only (kernel_mk_draft): mk_mtl_draft, the launch's k and token
+//   buffer(MK_MTL_B_TOK)      the fused MTP draft only: the target's token embeddings (a copy, or its Metal buffer)
 //
 // A weight or vector is (buffer slot, byte offset); the host maps every address of the ggml_mk_model
 // to the bound buffer that contains it, as ggml-metal maps tensor addresses to MTLBuffers.
@@ -28,6 +30,8 @@
 #define MK_MTL_B_SCRATCH (MK_MTL_B_KV0 + MK_MTL_N_KVBUF)
 #define MK_MTL_B_BAR     (MK_MTL_B_SCRATCH + 1)
 #define MK_MTL_N_BUF     (MK_MTL_B_BAR + 1)
+#define MK_MTL_B_DRAFT   MK_MTL_N_BUF
+#define MK_MTL_B_TOK     (MK_MTL_B_DRAFT + 1)
 
 // simdgroups per threadgroup (threads: 32x); the launch has as many threadgroups as the device keeps
 // co-resident at this size (never more: grid-barrier.h)
@@ -42,6 +46,10 @@
 // planted bug for the tests (Metal only; GGML_MK_DEBUG_NO_GRID_BARRIER removes the barrier): the
 // grid barrier's arrive/spin without its device-scope fences (the naive barrier)
 #define MK_MTL_DEBUG_BARRIER_NO_FENCES 0x10000
+// planted bugs of the fused draft (kernel_mk_draft): every step reads the launch's h instead of the step before's
+// h_next; the last threadgroup's partial pick left out of the argmax
+#define MK_MTL_DEBUG_DRAFT_H_UNCHAINED  0x20000
+#define MK_MTL_DEBUG_DRAFT_PICK_DROPPED 0x40000
 
 // the weight types the kernel decodes (enum ggml_type numbers; the host side checks them against ggml.h)
 #define MK_MTL_TYPE_F32   0
@@ -166,6 +174,29 @@ typedef struct {
     mk_mtl_kv kv[GGML_MK_MAX_LAYERS];
 } mk_mtl_step;
 
+// the fused MTP draft (megakernel/ggml-mk.h: ggml_mk_draft): k decode steps of the plan ggml_mk_draft_model makes of
+// the assistant in one dispatch (kernel_mk_draft), each fed pre*concat(tok_embd[t]*embd_scale, h) and followed by
+// h_next = post*n and the argmax of the logits. Its buffers are regions of the scratch past the plan's (s_* below)
+typedef struct {
+    int32_t  k;            // steps of this launch (1..k_max)
+    int32_t  token;        // the last sampled token
+    int32_t  n_embd_bb;    // the target's hidden size
+    int32_t  want_logits;  // 1: every step's logits to s_lg
+    float    embd_scale;   // sqrt(n_embd_bb)
+    int32_t  k_max;
+    mk_mtl_w tok_embd;     // the target's token embeddings: in buffer(MK_MTL_B_TOK) at off (buf unused)
+    mk_mtl_w pre;          // nextn_proj_pre  [2*n_embd_bb -> n_embd]
+    mk_mtl_w post;         // nextn_proj_post [n_embd -> n_embd_bb]
+    uint64_t s_xh;         // [2*n_embd_bb] the pre-projection's input
+    uint64_t s_hin;        // [n_embd_bb] the launch's h (written by the host)
+    uint64_t s_hn;         // [k_max][n_embd_bb] each step's h_next
+    uint64_t s_tok;        // int32 [k_max] the drafts
+    uint64_t s_lg;         // [k_max][n_vocab] each step's logits (want_logits)
+    uint64_t s_pv;         // [n_tg] each threadgroup's largest logit of its slice of the vocabulary
+    uint64_t s_pi;         // uint32 [n_tg] its first index
+    uint64_t scratch_size; // the whole scratch, the plan's and the draft's
+} mk_mtl_draft;
+
 #ifndef __METAL_VERSION__
 // ---- host side ------------------------------------------------------------------------------
 #include <ggml.h>   // (angle brackets: msl2cpp inlines only "..." includes, and MSL never sees this part)
@@ -178,7 +209,8 @@ static_assert(MK_MTL_TYPE_F32 == GGML_TYPE_F32 && MK_MTL_TYPE_F16 == GGML_TYPE_F
               MK_MTL_TYPE_BF16 == GGML_TYPE_BF16 && MK_MTL_TYPE_Q5_0 == GGML_TYPE_Q5_0 && MK_MTL_TYPE_STQ1_0 == GGML_TYPE_STQ1_0,
               "mk-plan.h: ggml_type numbers");
 static_assert(sizeof(mk_mtl_w) == 32 && sizeof(mk_mtl_v) == 16 && sizeof(mk_mtl_kv) == 64, "mk-plan.h layout");
-static_assert(sizeof(mk_mtl_layer) % 8 == 0 && sizeof(mk_mtl_plan) % 8 == 0 && sizeof(mk_mtl_step) % 8 == 0, "mk-plan.h layout");
+static_assert(sizeof(mk_mtl_layer) % 8 == 0 && sizeof(mk_mtl_plan) % 8 == 0 && sizeof(mk_mtl_step) % 8 == 0 &&
+              sizeof(mk_mtl_draft) % 8 == 0, "mk-plan.h layout");
 
 // a bound buffer as the host sees it (Apple unified memory: the MTLBuffer's contents)
 struct mk_mtl_range {
@@ -357,6 +389,65 @@ static inline int mk_mtl_plan_make(const ggml_mk_model * m, const mk_mtl_range *
     P->s_logits = take((uint64_t) mt*m->n_vocab);
     P->s_part   = take((uint64_t) mt*max_head*P->n_chunk*(4 + m->max_head_dim));
     P->scratch_size = o;
+    return 0;
+}
+
+// the draft's part of the device plan: its weights (in the weight buffers wbufs, as the plan's), its scratch regions
+// past the plan's (P: mk_mtl_plan_make of ggml_mk_draft_model(d)), n_tg threadgroups. The token embeddings are bound
+// on their own (tok_off: their offset in that buffer). Returns 0, or -1 with a message in err
+static inline int mk_mtl_draft_make(const ggml_mk_draft * d, const mk_mtl_plan * P, const mk_mtl_range * wbufs, int n_wbufs,
+                                    int n_tg, uint64_t tok_off, mk_mtl_draft * D, char * err, size_t err_size) {
+    memset(D, 0, sizeof(*D));
+    if (d->version != GGML_MK_DRAFT_VERSION || d->k_max < 1 || d->k_max > GGML_MK_DRAFT_MAX_K || d->n_layer < 1 ||
+        d->n_layer > GGML_MK_DRAFT_MAX_LAYERS) {
+        snprintf(err, err_size, "draft plan version %d (want %d), k_max %d (1..%d), %d layers (1..%d)", d->version,
+                 GGML_MK_DRAFT_VERSION, d->k_max, GGML_MK_DRAFT_MAX_K, d->n_layer, GGML_MK_DRAFT_MAX_LAYERS);
+        return -1;
+    }
+    if (d->n_embd_bb % 32 != 0 || d->tok_embd.ne0 != d->n_embd_bb || d->tok_embd.ne1 < d->n_vocab ||
+        d->pre.ne0 != 2*d->n_embd_bb || d->pre.ne1 != d->n_embd || d->post.ne0 != d->n_embd || d->post.ne1 != d->n_embd_bb) {
+        snprintf(err, err_size, "the draft's shapes: token embeddings %d x %d, pre %d -> %d, post %d -> %d for n_embd %d, "
+                 "n_embd_bb %d (a multiple of 32), n_vocab %d", d->tok_embd.ne0, d->tok_embd.ne1, d->pre.ne0, d->pre.ne1,
+                 d->post.ne0, d->post.ne1, d->n_embd, d->n_embd_bb, d->n_vocab);
+        return -1;
+    }
+    if (!mk_mtl_type_supported(d->tok_embd.type)) {
+        snprintf(err, err_size, "the target's token embeddings: type %s is not supported by the Metal megakernel",
+                 ggml_type_name((enum ggml_type) d->tok_embd.type));
+        return -1;
+    }
+    if (!mk_mtl_plan_w(d->pre, "nextn.pre_projection", -1, wbufs, n_wbufs, &D->pre, err, err_size) ||
+        !mk_mtl_plan_w(d->post, "nextn.post_projection", -1, wbufs, n_wbufs, &D->post, err, err_size)) {
+        return -1;
+    }
+    if (D->pre.buf < 0 || D->post.buf < 0) {
+        snprintf(err, err_size, "the draft has no pre- or post-projection");
+        return -1;
+    }
+    D->n_embd_bb  = d->n_embd_bb;
+    D->embd_scale = d->embd_scale;
+    D->k_max      = d->k_max;
+    D->tok_embd.off  = tok_off;
+    D->tok_embd.buf  = 0;
+    D->tok_embd.type = d->tok_embd.type;
+    D->tok_embd.ne0  = d->tok_embd.ne0;
+    D->tok_embd.ne1  = d->tok_embd.ne1;
+    D->tok_embd.nb1  = d->tok_embd.nb1;
+
+    uint64_t o = P->scratch_size;
+    auto take = [&](uint64_t n4) {
+        const uint64_t r = o;
+        o += (n4*4 + 255) & ~(uint64_t) 255;
+        return r;
+    };
+    D->s_xh  = take((uint64_t) 2*d->n_embd_bb);
+    D->s_hin = take((uint64_t) d->n_embd_bb);
+    D->s_hn  = take((uint64_t) d->k_max*d->n_embd_bb);
+    D->s_tok = take((uint64_t) d->k_max);
+    D->s_lg  = take((uint64_t) d->k_max*P->n_vocab);
+    D->s_pv  = take((uint64_t) n_tg);
+    D->s_pi  = take((uint64_t) n_tg);
+    D->scratch_size = o;
     return 0;
 }
 
