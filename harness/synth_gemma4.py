@@ -129,6 +129,21 @@ def _common_attn_kv(gguf, w, p: SynthParams, pattern: str) -> None:
     w.add_sliding_window_pattern([c == "S" for c in pattern])
 
 
+def assistant_metadata(gguf, w, p: SynthParams, reader, name: str) -> None:
+    """A gemma4-assistant's metadata for the target p describes (hidden p.n_embd; the assistant's shapes from p's
+    assistant fields) and the tokenizer of reader (its first p.n_vocab tokens when p.n_vocab > 0)."""
+    w.add_name(name)
+    w.add_context_length(p.n_ctx_train)
+    w.add_embedding_length(p.n_embd_assistant)
+    w.add_embedding_length_out(p.n_embd)
+    w.add_block_count(len(p.assistant_pattern))
+    w.add_nextn_predict_layers(len(p.assistant_pattern))
+    w.add_feed_forward_length(p.n_ff)
+    _common_attn_kv(gguf, w, p, p.assistant_pattern)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    _copy_tokenizer(gguf, reader, w, p.n_vocab)
+
+
 class _Tensors:
     """Adds tensors in ggml order ({ne0, ne1} = numpy shape (ne1, ne0)) with the chosen type."""
 
@@ -259,16 +274,7 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
 
     def fill_assistant(w) -> None:
         na = p.n_embd_assistant
-        w.add_name("gemma4 synthetic MTP assistant (random weights, stq-metal)")
-        w.add_context_length(p.n_ctx_train)
-        w.add_embedding_length(na)
-        w.add_embedding_length_out(p.n_embd)
-        w.add_block_count(len(p.assistant_pattern))
-        w.add_nextn_predict_layers(len(p.assistant_pattern))
-        w.add_feed_forward_length(p.n_ff)
-        _common_attn_kv(gguf, w, p, p.assistant_pattern)
-        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-        _copy_tokenizer(gguf, reader, w, p.n_vocab)
+        assistant_metadata(gguf, w, p, reader, "gemma4 synthetic MTP assistant (random weights, stq-metal)")
 
         t = _Tensors(gguf, w)
         # the assistant sees x = E[t] * sqrt(n_embd) concatenated with the target's hidden state h;

@@ -187,18 +187,10 @@ def main(argv=None) -> int:
 
     def fill_assistant(w) -> None:
         na, pat, n_head, ff = 256, "SSSG", 4, 2048
-        w.add_name(f"gemma4 {args.shape}-shaped synthetic MTP assistant (random weights, stq-metal)")
-        w.add_context_length(8192)
-        w.add_embedding_length(na)
-        w.add_embedding_length_out(n)
-        w.add_block_count(len(pat))
-        w.add_nextn_predict_layers(len(pat))
-        w.add_feed_forward_length(ff)
         pa = sg.SynthParams(n_embd=n, n_embd_assistant=na, assistant_pattern=pat, n_head=n_head, n_head_kv=s["n_head_kv"],
-                            head_dim_swa=s["hd_swa"], head_dim_global=s["hd_global"], n_ff=ff, window=s["window"])
-        sg._common_attn_kv(gguf, w, pa, pat)
-        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-        sg._copy_tokenizer(gguf, reader, w)
+                            head_dim_swa=s["hd_swa"], head_dim_global=s["hd_global"], n_ff=ff, window=s["window"],
+                            n_ctx_train=8192)
+        sg.assistant_metadata(gguf, w, pa, reader, f"gemma4 {args.shape}-shaped synthetic MTP assistant (random weights, stq-metal)")
         add_q, add_f = adders(w)
         add_q("token_embd.weight", rnd(n_vocab, na, 3.0), Q8)
         add_f("output_norm.weight", norm_w(na))
