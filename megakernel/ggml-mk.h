@@ -127,6 +127,9 @@ struct ggml_mk_model {
                                               // function), write the rows to the cache and read them back after a block barrier;
                                               // one grid barrier less per layer (layers whose attention takes the device-wide
                                               // way keep the phase)
+#define GGML_MK_VAR_LATE_BEGIN        0x8000  // a mat-vec's first weight tiles issued after its inputs are staged, not before the
+                                              // grid barrier that precedes it (do the staging's loads queue behind the weight
+                                              // stream? verify batches spend ~1.6 us per column and mat-vec staging)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

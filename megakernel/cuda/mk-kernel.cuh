@@ -38,7 +38,7 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 // (the same memory is the heads phase's scratch: at least one head vector)
 #define MK_HEADS_BYTES (GGML_MK_MAX_HEAD_DIM*sizeof(float))
 // xq: the same inputs rounded to 8 bits per 32-value group for the integer dot products of Q4_0 and
-// Q8_0 weights (llama.cpp's q8_1 rounding: d = max|x|/127, q = round(x/d)): 48-byte records, 32 int8
+// Q8_0 weights (llama.cpp's q8_1 rounding: d = max|x|/127, q = round(x*(1/d))): 48-byte records, 32 int8
 // values, d, sum of q, padding (conflict-free 16-byte reads)
 #define MK_XQ_REC      48
 
@@ -712,22 +712,21 @@ MK_DEVICE void mk_block_sums(float * ss, int Mc, float * red) {
 }
 
 // the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
-// q = round(x/d)); the group's 8 slots are on 8 consecutive lanes, and every lane of the warp must call this
-// (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles)
+// q = round(x*(1/d)): one division per slot, not four); the group's 8 slots are on 8 consecutive lanes, and every
+// lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles)
 MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     MK_UNROLL
     for (int o = 1; o < 8; o <<= 1) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
     }
-    const float d = amax/127.0f;
-    int q[4] = { 0, 0, 0, 0 };
-    if (amax != 0.0f) {
-        q[0] = __float2int_rn(v.x/d);
-        q[1] = __float2int_rn(v.y/d);
-        q[2] = __float2int_rn(v.z/d);
-        q[3] = __float2int_rn(v.w/d);
-    }
+    const float d  = amax/127.0f;
+    const float id = amax != 0.0f ? 1.0f/d : 0.0f;
+    int q[4];
+    q[0] = __float2int_rn(__fmul_rn(v.x, id));
+    q[1] = __float2int_rn(__fmul_rn(v.y, id));
+    q[2] = __float2int_rn(__fmul_rn(v.z, id));
+    q[3] = __float2int_rn(__fmul_rn(v.w, id));
     float sq = (float) (q[0] + q[1] + q[2] + q[3]);   // exact: |sum| <= 32*127
     MK_UNROLL
     for (int o = 1; o < 8; o <<= 1) {
@@ -917,7 +916,8 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 #undef MK_NC
 }
 
-// the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier)
+// the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier), unless late
+// (GGML_MK_VAR_LATE_BEGIN: this function issues them after the staging)
 
 MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned address
     return (unsigned) *(const uint16_t *) p | ((unsigned) *(const uint16_t *) (p + 2) << 16);
@@ -979,15 +979,18 @@ MK_DEVICE mk_rec mk_rec_at(const uint8_t * rec) {
 // acc + d_w*d_x*(sum_i w_i*q_i) for one block (Q4_0: w_i = nibble - 8, from the sum of q), with r the block's
 // 8-bit inputs
 MK_DEVICE float mk_dot_rec(const unsigned (&wq)[8], float dw, const mk_rec & r, bool is_q4, float acc) {
-    int si = 0;
-    si = __dp4a((int) wq[0], r.x0.x, si);
-    si = __dp4a((int) wq[1], r.x0.y, si);
-    si = __dp4a((int) wq[2], r.x0.z, si);
-    si = __dp4a((int) wq[3], r.x0.w, si);
-    si = __dp4a((int) wq[4], r.x1.x, si);
-    si = __dp4a((int) wq[5], r.x1.y, si);
-    si = __dp4a((int) wq[6], r.x1.z, si);
-    si = __dp4a((int) wq[7], r.x1.w, si);
+    // two independent chains of 4 (integer sums are exact: the same si in any order), half the dependent latency
+    int sa = 0;
+    int sb = 0;
+    sa = __dp4a((int) wq[0], r.x0.x, sa);
+    sb = __dp4a((int) wq[4], r.x1.x, sb);
+    sa = __dp4a((int) wq[1], r.x0.y, sa);
+    sb = __dp4a((int) wq[5], r.x1.y, sb);
+    sa = __dp4a((int) wq[2], r.x0.z, sa);
+    sb = __dp4a((int) wq[6], r.x1.z, sb);
+    sa = __dp4a((int) wq[3], r.x0.w, sa);
+    sb = __dp4a((int) wq[7], r.x1.w, sb);
+    const int si = sa + sb;
     const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, r.dq.y)) : (float) si;
     return fmaf(__fmul_rn(dw, r.dq.x), sf, acc);
 }
@@ -996,23 +999,31 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
     return mk_dot_rec(wq, dw, mk_rec_at(rec), is_q4, acc);
 }
 
-// one column's pairs of Q4_0 (IS_Q4) or Q8_0 blocks of a 4-byte aligned tile at base0 (the same per-block
-// arithmetic as the any-type loop in mk_mv_run, the type known at compile time); TWO: also the tile at base1 with
-// the same groups (a second row: the up row of a gate/up pair, or the warp's next row), each input record loaded
-// once for both
-template <bool IS_Q4, bool TWO>
-MK_DEVICE void mk_pairs1(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq, float & acc0, float & acc1) {
+// the pairs of Q4_0 (IS_Q4) or Q8_0 blocks of a 4-byte aligned tile at base0, for columns 0 .. Mc-1 (MC: the bound
+// of Mc the code is made for) whose input records start at xq + m*cs, into acc0[m]; TWO: also the tile at base1 with
+// the same groups (a second row: the up row of a gate/up pair, or the warp's next row) into acc1[m], each input
+// record loaded once for both rows. Each block's weights are decoded once for every column; a column's blocks are
+// added in the same order whatever MC, Mc and TWO are (lane-strided pairs, the pair's two blocks in order), so a
+// verify batch's column is bit for bit its one-token step
+template <bool IS_Q4, bool TWO, int MC>
+MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq, int Mc, size_t cs,
+                        float (&acc0)[MC], float (&acc1)[MC]) {
     for (int p = threadIdx.x % WARP_SIZE; p < ng/2; p += WARP_SIZE) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const mk_rec r = mk_rec_at(xq + (size_t) (2*p + h)*MK_XQ_REC);
             unsigned wq[8];
+            unsigned wu[8];
             const float dw = mk_pair_block(base0, p, h, IS_Q4, wq);
-            acc0 = mk_dot_rec(wq, dw, r, IS_Q4, acc0);
-            if (TWO) {
-                unsigned wu[8];
-                const float du = mk_pair_block(base1, p, h, IS_Q4, wu);
-                acc1 = mk_dot_rec(wu, du, r, IS_Q4, acc1);
+            const float du = TWO ? mk_pair_block(base1, p, h, IS_Q4, wu) : 0.0f;
+#pragma unroll
+            for (int m = 0; m < MC; ++m) {
+                if (MC == 1 || m < Mc) {
+                    const mk_rec r = mk_rec_at(xq + m*cs + (size_t) (2*p + h)*MK_XQ_REC);
+                    acc0[m] = mk_dot_rec(wq, dw, r, IS_Q4, acc0[m]);
+                    if (TWO) {
+                        acc1[m] = mk_dot_rec(wu, du, r, IS_Q4, acc1[m]);
+                    }
+                }
             }
         }
     }
@@ -1022,7 +1033,7 @@ MK_DEVICE void mk_pairs1(const uint8_t * base0, const uint8_t * base1, int ng, c
 // arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
 template <int MC>
 MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, int xs_bytes, int xq_bytes,
-                            uint8_t * ws, int ns, mk_bulk * bk, unsigned long long * prof) {
+                            uint8_t * ws, int ns, mk_bulk * bk, unsigned long long * prof, bool late) {
     if ((x.nw != nullptr) != (R.norm != 0)) {
         MK_TRAP();   // the table (mk_mv_desc) and the call disagree: the step's layout (mk_smem_plan) would be wrong
     }
@@ -1039,10 +1050,13 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
 
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
-        if (m0 > 0) {
+        if (m0 > 0 && !late) {
             mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
         mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+        if (late) {
+            mk_mv_begin(R, ws, ns, bk);  // (GGML_MK_VAR_LATE_BEGIN: the first tiles only now; the staging ended with a block barrier)
+        }
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
         }
@@ -1069,11 +1083,14 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
             const uint8_t * base = mk_stage_buf(ws, ns, it.t) + ((uintptr_t) src & 15);
             const int type = MK_J(R, it.job, type);
-            if (MC == 1 && mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
-                // one column, Q4_0/Q8_0 pairs: the loop made for the type. Two rows of one tile each are taken
-                // together, each input record loaded once for both: a gate/up row pair, or this warp's next row of
-                // the mat-vec; the second row's tile is the next one (ns - 2 tiles ahead of it are in flight)
+            if (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
+                // Q4_0/Q8_0 pairs of blocks: integer dot products with the 8-bit inputs (llama.cpp's mmvq arithmetic,
+                // per 32-value block), one pair of consecutive blocks per lane (36 or 68 bytes: 32-bit shared loads,
+                // conflict-free strides of 9 or 17 words), every column of the pass. Two rows of one tile each are
+                // taken together, each input record loaded once for both: a gate/up row pair, or this warp's next row
+                // of the mat-vec; the second row's tile is the next one (ns - 2 tiles ahead of it are in flight)
                 const bool is_q4 = type == GGML_TYPE_Q4_0;
+                const size_t cs = (size_t) KG*MK_XQ_REC;
                 mk_it nx = it;
                 mk_it_next(R, nx);
                 const bool try2 = nx.u < R.units && MK_J(R, it.job, nseg) == 1 && MK_J(R, nx.job, nseg) == 1 &&
@@ -1082,13 +1099,17 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 const uint8_t * src1  = try2 ? mk_tile(R, nx, nb1, g1, ng1) : nullptr;
                 const uint8_t * base1 = src1 ? mk_stage_buf(ws, ns, nx.t) + ((uintptr_t) src1 & 15) : nullptr;
                 const bool two = src1 && ng1 == ng && ((uintptr_t) base1 & 3) == 0;
-                float acc1 = 0.0f;
+                float acc1[MC];
+#pragma unroll
+                for (int m = 0; m < MC; ++m) {
+                    acc1[m] = 0.0f;
+                }
                 if (two) {
                     mk_tile_wait(bk, ph, ns, nx.t, ns - 2);
                     if (is_q4) {
-                        mk_pairs1<true, true>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
+                        mk_pairs<true, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
                     } else {
-                        mk_pairs1<false, true>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
+                        mk_pairs<false, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
                     }
                     __syncwarp();
                     // one more tile in flight (into the first tile's stage, read): ns - 1 ahead again
@@ -1099,41 +1120,29 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     const mk_it r0 = it;
                     it = nx;
                     mk_it_next(R, it);
-                    const float s0 = mk_warp_sum(acc[0]);
-                    const float s1 = mk_warp_sum(acc1);
-                    acc[0] = 0.0f;
-                    if (lane == 0) {
-                        if (R.pair) {
-                            MK_J(R, 0, y)[(size_t) m0*MK_J(R, 0, ldy) + r0.row] = mk_geglu(s0, s1);
-                        } else {
-                            MK_J(R, r0.job, y)[(size_t) m0*MK_J(R, r0.job, ldy) + r0.row] = mk_softcap(s0, MK_J(R, r0.job, softcap));
-                            MK_J(R, nx.job, y)[(size_t) m0*MK_J(R, nx.job, ldy) + nx.row] = mk_softcap(s1, MK_J(R, nx.job, softcap));
+#pragma unroll
+                    for (int m = 0; m < MC; ++m) {
+                        if (MC == 1 || m < Mc) {
+                            const float s0 = mk_warp_sum(acc[m]);
+                            const float s1 = mk_warp_sum(acc1[m]);
+                            acc[m] = 0.0f;
+                            if (lane == 0) {
+                                const size_t mm = (size_t) (m0 + m);
+                                if (R.pair) {
+                                    MK_J(R, 0, y)[mm*MK_J(R, 0, ldy) + r0.row] = mk_geglu(s0, s1);
+                                } else {
+                                    MK_J(R, r0.job, y)[mm*MK_J(R, r0.job, ldy) + r0.row] = mk_softcap(s0, MK_J(R, r0.job, softcap));
+                                    MK_J(R, nx.job, y)[mm*MK_J(R, nx.job, ldy) + nx.row] = mk_softcap(s1, MK_J(R, nx.job, softcap));
+                                }
+                            }
                         }
                     }
                     continue;
                 }
                 if (is_q4) {
-                    mk_pairs1<true, false>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
+                    mk_pairs<true, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
                 } else {
-                    mk_pairs1<false, false>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, acc[0], acc1);
-                }
-            } else if (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
-                // integer dot products with the q8 inputs (llama.cpp's mmvq arithmetic, per 32-value block); one
-                // pair of consecutive blocks per lane (36 or 68 bytes: 32-bit shared loads, conflict-free strides
-                // of 9 or 17 words), the two blocks added in order
-                const bool is_q4 = type == GGML_TYPE_Q4_0;
-                for (int p = lane; p < ng/2; p += WARP_SIZE) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        unsigned wq[8];
-                        const float dw = mk_pair_block(base, p, h, is_q4, wq);
-#pragma unroll
-                        for (int m = 0; m < MC; ++m) {
-                            if (MC == 1 || m < Mc) {
-                                acc[m] = mk_dot_q8(wq, dw, xq + (size_t) (m*KG + g0 + 2*p + h)*MK_XQ_REC, is_q4, acc[m]);
-                            }
-                        }
-                    }
+                    mk_pairs<false, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
                 }
             } else if (mk_is_q8dot(type)) {
                 // the same per block, for tiles with an odd block count or 2-byte alignment: two blocks per lane
@@ -1963,7 +1972,9 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     const bool ple = md.n_embd_pl > 0;
 
     // begin(idx): every warp issues its first weight tiles of mat-vec idx (mk_mv_index; typically before the
-    // barrier that precedes it); run(fx): thread 0 writes the inputs fx() makes, then the mat-vec begun last
+    // barrier that precedes it; late: run does, after the staging); run(fx): thread 0 writes the inputs fx() makes,
+    // then the mat-vec begun last
+    const bool late = (md.debug_flags & GGML_MK_VAR_LATE_BEGIN) != 0;
     auto begin = [&](int idx) {
         // (the mat-vec before has ended: its last barrier is behind every thread)
         static_assert(sizeof(mk_mvr) % sizeof(unsigned) == 0, "mk_mvr is copied in words");
@@ -1972,7 +1983,9 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
             ((unsigned *) s_mv)[i] = src[i];
         }
         __syncthreads();
-        mk_mv_begin(s_mv[0], ws, a.ns, bk);
+        if (!late) {
+            mk_mv_begin(s_mv[0], ws, a.ns, bk);
+        }
     };
     auto run = [&](auto fx) {
         if (threadIdx.x == 0) {
@@ -1981,9 +1994,9 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         __syncthreads();
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
-            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof);
+            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late);
         } else {
-            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof);
+            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late);
         }
     };
     auto plain = [&](const float * in, int ld) {

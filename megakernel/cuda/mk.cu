@@ -37,20 +37,22 @@ struct mk_cuda {
     bool bulk = false;         // weight tiles by cp.async.bulk (sm_90+, not GGML_MK_VAR_CP_ASYNC)
     uint64_t launches = 0;     // the grid barrier's two counts alternate per launch
 
-    // LLAMA_MEGAKERNEL_PROFILE=1: per-phase times of one-token steps (block 0's view), printed at the end
+    // LLAMA_MEGAKERNEL_PROFILE=1: per-phase times of the steps of each size M, or of the draft launches (block 0's
+    // view), printed at the end
     unsigned long long * d_prof = nullptr;
     size_t prof_cap = 0;
     std::vector<unsigned long long> h_prof;
-    double prof_ns[MK_PH_COUNT] = {};
-    double prof_kernel_ms = 0.0;
-    double prof_step_ms = 0.0;
-    int    prof_steps = 0;
+    double prof_ns[MK_M + 1][MK_PH_COUNT] = {};
+    double prof_kernel_ms[MK_M + 1] = {};
+    double prof_step_ms[MK_M + 1] = {};
+    int    prof_steps[MK_M + 1] = {};   // [0]: draft launches (prof_draft_steps: their steps)
+    int    prof_draft_steps = 0;
     cudaEvent_t ev[2] = { nullptr, nullptr };
     // LLAMA_MEGAKERNEL_PROFILE=2 also: every block's barrier arrivals, summed per phase (mk_gprof_add)
     unsigned long long * d_gprof = nullptr;
     int gprof_cap = 0;
     std::vector<unsigned long long> h_gprof;
-    double gprof_ns[MK_PH_COUNT][4] = {};   // per phase: first, mean and last arrival after the phase began; release lag
+    double gprof_ns[MK_M + 1][MK_PH_COUNT][4] = {};   // per M and phase: first, mean and last arrival after the phase began; release lag
 
     // scratch
     float * scratch = nullptr;
@@ -271,14 +273,15 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     }
     mk->args.att_cnt  = (unsigned *) p;
     p += mk_align(M*max_head*sizeof(unsigned));
-    if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE"); e && atoi(e) != 0 && !d) {
-        mk->prof_cap = 64 + 64*(size_t) model->n_layer;   // entries: ~24 per layer (phase ends, waits, stagings)
+    if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE"); e && atoi(e) != 0) {
+        const int steps = d ? d->k_max : 1;   // a draft launch runs up to k_max steps of its layers
+        mk->prof_cap = (64 + 64*(size_t) model->n_layer)*steps;   // entries: ~24 per layer (phase ends, waits, stagings)
         mk->h_prof.resize(1 + 2*mk->prof_cap);
         MK_TRY(cudaMalloc(&mk->d_prof, mk->h_prof.size()*sizeof(unsigned long long)), "profile buffer");
         MK_TRY(cudaEventCreate(&mk->ev[0]), "profile event");
         MK_TRY(cudaEventCreate(&mk->ev[1]), "profile event");
         if (atoi(e) >= 2) {
-            mk->gprof_cap = 16 + 12*model->n_layer;   // barriers: at most 8 per layer
+            mk->gprof_cap = (16 + 12*model->n_layer)*steps;   // barriers: at most 8 per layer
             mk->h_gprof.resize((size_t) mk->gprof_cap*(1 + 2*(size_t) mk->grid));
             MK_TRY(cudaMalloc(&mk->d_gprof, mk->h_gprof.size()*sizeof(unsigned long long)), "grid profile buffer");
         }
@@ -392,6 +395,56 @@ void * ggml_cuda_mk_draft_create(const ggml_mk_draft * d, char * err, size_t err
     return mk_cuda_create(&md, d, err, err_size);
 }
 
+// LLAMA_MEGAKERNEL_PROFILE: the profile of the steps of M tokens, or (M = 0) of the draft launches (none: nothing)
+static void mk_prof_print(const mk_cuda * mk, int M) {
+    const int n = mk->prof_steps[M];
+    if (n == 0) {
+        return;
+    }
+    double tot = 0.0;
+    for (int i = 0; i < MK_PH_COUNT; ++i) {
+        tot += mk->prof_ns[M][i];
+    }
+    char what[96];
+    char tag[8];
+    if (M == 0) {
+        snprintf(tag, sizeof(tag), "draft");
+        snprintf(what, sizeof(what), "%d draft launches (%d draft steps in all)", n, mk->prof_draft_steps);
+    } else {
+        snprintf(tag, sizeof(tag), "M=%d", M);
+        snprintf(what, sizeof(what), "%d steps of %d token%s", n, M, M == 1 ? "" : "s");
+    }
+    fprintf(stderr, "llama_mk profile: %s: kernel %.1f us, whole launch (upload, launch, results) %.1f us; "
+            "phases as block 0 saw them (its own work; staging and barrier waits apart):\n", what,
+            1e3*mk->prof_kernel_ms[M]/n, 1e3*mk->prof_step_ms[M]/n);
+    for (int i = 1; i < MK_PH_COUNT; ++i) {
+        if (mk->prof_ns[M][i] > 0) {
+            fprintf(stderr, "llama_mk profile:   %s %-24s %9.1f us  %5.1f %%\n", tag, mk_phase_names[i], 1e-3*mk->prof_ns[M][i]/n,
+                    100.0*mk->prof_ns[M][i]/tot);
+        }
+    }
+    if (!mk->d_gprof) {
+        return;
+    }
+    fprintf(stderr, "llama_mk grid profile: %s, %d blocks; per phase (us per launch, summed over its barriers): the "
+            "first, mean and last block's arrival at the barrier after the phase began (the first release of the barrier "
+            "before), and the mean release after the last arrival\n", what, mk->grid);
+    double t[4] = {};
+    for (int i = 1; i < MK_PH_COUNT; ++i) {
+        const double * g = mk->gprof_ns[M][i];
+        if (g[2] == 0.0) {
+            continue;   // (the staging and wait tags are never barrier tags)
+        }
+        fprintf(stderr, "llama_mk grid profile:   %s %-24s first %8.1f  mean %8.1f  last %8.1f  release %7.1f\n", tag,
+                mk_phase_names[i], 1e-3*g[0]/n, 1e-3*g[1]/n, 1e-3*g[2]/n, 1e-3*g[3]/n);
+        for (int k = 0; k < 4; ++k) {
+            t[k] += g[k];
+        }
+    }
+    fprintf(stderr, "llama_mk grid profile:   %s %-24s first %8.1f  mean %8.1f  last %8.1f  release %7.1f\n", tag, "(all)",
+            1e-3*t[0]/n, 1e-3*t[1]/n, 1e-3*t[2]/n, 1e-3*t[3]/n);
+}
+
 void ggml_cuda_mk_free(void * h) {
     mk_cuda * mk = (mk_cuda *) h;
     if (!mk) {
@@ -401,39 +454,8 @@ void ggml_cuda_mk_free(void * h) {
     if (mk->stream) {
         cudaStreamSynchronize(mk->stream);
     }
-    if (mk->prof_steps > 0) {
-        double tot = 0.0;
-        for (int i = 0; i < MK_PH_COUNT; ++i) {
-            tot += mk->prof_ns[i];
-        }
-        fprintf(stderr, "llama_mk profile: %d one-token steps: kernel %.1f us, whole step (upload, launch, logits) %.1f us; "
-                "phases as block 0 saw them (its own work; staging and barrier waits apart):\n", mk->prof_steps,
-                1e3*mk->prof_kernel_ms/mk->prof_steps, 1e3*mk->prof_step_ms/mk->prof_steps);
-        for (int i = 1; i < MK_PH_COUNT; ++i) {
-            if (mk->prof_ns[i] > 0) {
-                fprintf(stderr, "llama_mk profile:   %-24s %9.1f us  %5.1f %%\n", mk_phase_names[i], 1e-3*mk->prof_ns[i]/mk->prof_steps,
-                        100.0*mk->prof_ns[i]/tot);
-            }
-        }
-    }
-    if (mk->d_gprof && mk->prof_steps > 0) {
-        fprintf(stderr, "llama_mk grid profile: %d one-token steps, %d blocks; per phase (us per step, summed over its "
-                "barriers): the first, mean and last block's arrival at the barrier after the phase began (the first "
-                "release of the barrier before), and the mean release after the last arrival\n", mk->prof_steps, mk->grid);
-        double tot[4] = {};
-        for (int i = 1; i < MK_PH_COUNT; ++i) {
-            if (mk->gprof_ns[i][2] == 0.0) {
-                continue;   // (the staging and wait tags are never barrier tags)
-            }
-            fprintf(stderr, "llama_mk grid profile:   %-24s first %8.1f  mean %8.1f  last %8.1f  release %7.1f\n", mk_phase_names[i],
-                    1e-3*mk->gprof_ns[i][0]/mk->prof_steps, 1e-3*mk->gprof_ns[i][1]/mk->prof_steps,
-                    1e-3*mk->gprof_ns[i][2]/mk->prof_steps, 1e-3*mk->gprof_ns[i][3]/mk->prof_steps);
-            for (int k = 0; k < 4; ++k) {
-                tot[k] += mk->gprof_ns[i][k];
-            }
-        }
-        fprintf(stderr, "llama_mk grid profile:   %-24s first %8.1f  mean %8.1f  last %8.1f  release %7.1f\n", "(all)",
-                1e-3*tot[0]/mk->prof_steps, 1e-3*tot[1]/mk->prof_steps, 1e-3*tot[2]/mk->prof_steps, 1e-3*tot[3]/mk->prof_steps);
+    for (int M = 0; M <= MK_M; ++M) {
+        mk_prof_print(mk, M);   // (0: the draft launches of a draft handle)
     }
     cudaFree(mk->d_gprof);
     cudaFree(mk->d_prof);
@@ -455,7 +477,7 @@ void ggml_cuda_mk_free(void * h) {
 }
 
 // the grid profile of one step: barrier b's phase began when the first block left barrier b-1
-static void mk_gprof_add(mk_cuda * mk) {
+static void mk_gprof_add(mk_cuda * mk, int M) {
     const int G = mk->grid;
     const int cap = mk->gprof_cap;
     std::vector<unsigned long long> & g = mk->h_gprof;
@@ -478,10 +500,10 @@ static void mk_gprof_add(mk_cuda * mk) {
             rel += (double) t(b, i, 1);
             last_rel = std::max(last_rel, t(b, i, 1));
         }
-        mk->gprof_ns[tag][0] += (double) first - (double) start;
-        mk->gprof_ns[tag][1] += sum/G - (double) start;
-        mk->gprof_ns[tag][2] += (double) last - (double) start;
-        mk->gprof_ns[tag][3] += rel/G - (double) last;
+        mk->gprof_ns[M][tag][0] += (double) first - (double) start;
+        mk->gprof_ns[M][tag][1] += sum/G - (double) start;
+        mk->gprof_ns[M][tag][2] += (double) last - (double) start;
+        mk->gprof_ns[M][tag][3] += rel/G - (double) last;
     }
     cudaMemset(mk->d_gprof, 0, g.size()*sizeof(unsigned long long));
 }
@@ -515,6 +537,43 @@ static mk_args mk_launch_args(mk_cuda * mk, int M) {
     a.ns       = mk->smem[M].ns;
     a.bulk     = mk->bulk;
     return a;
+}
+
+// LLAMA_MEGAKERNEL_PROFILE: a launch's profile buffers (a's; the count reset) and its start event; returns the host clock
+static int64_t mk_prof_begin(mk_cuda * mk, mk_args & a) {
+    a.prof      = mk->d_prof;
+    a.gprof     = mk->d_prof ? mk->d_gprof : nullptr;
+    a.gprof_cap = mk->gprof_cap;
+    if (!mk->d_prof) {
+        return 0;
+    }
+    cudaMemsetAsync(mk->d_prof, 0, sizeof(unsigned long long), mk->stream);
+    cudaEventRecord(mk->ev[0], mk->stream);
+    return ggml_time_us();
+}
+
+// after the launch (its end event recorded, the stream synchronised): its phases into the profile of slot M (the
+// step's tokens; 0: draft launches)
+static void mk_prof_end(mk_cuda * mk, int M, int64_t t_step) {
+    if (!mk->d_prof) {
+        return;
+    }
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, mk->ev[0], mk->ev[1]);
+    mk->prof_kernel_ms[M] += ms;
+    mk->prof_step_ms[M]   += 1e-3*(ggml_time_us() - t_step);
+    cudaMemcpy(mk->h_prof.data(), mk->d_prof, mk->h_prof.size()*sizeof(unsigned long long), cudaMemcpyDeviceToHost);
+    const unsigned long long n = std::min<unsigned long long>(mk->h_prof[0], mk->prof_cap);
+    for (unsigned long long i = 1; i < n; ++i) {
+        const unsigned long long tag = mk->h_prof[1 + 2*i];
+        if (tag < MK_PH_COUNT) {
+            mk->prof_ns[M][tag] += (double) (mk->h_prof[2 + 2*i] - mk->h_prof[2*i]);
+        }
+    }
+    if (mk->d_gprof) {
+        mk_gprof_add(mk, M);
+    }
+    mk->prof_steps[M]++;
 }
 
 int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
@@ -580,22 +639,14 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     if (cudaMemcpyAsync(mk->d_up, mk->h_up, off, cudaMemcpyHostToDevice, mk->stream) != cudaSuccess) {
         return 3;
     }
-    const bool prof = mk->d_prof != nullptr && M == 1;
-    a.prof = prof ? mk->d_prof : nullptr;
-    a.gprof = prof ? mk->d_gprof : nullptr;
-    a.gprof_cap = mk->gprof_cap;
-    const int64_t t_step = prof ? ggml_time_us() : 0;
-    if (prof) {
-        cudaMemsetAsync(mk->d_prof, 0, sizeof(unsigned long long), mk->stream);
-        cudaEventRecord(mk->ev[0], mk->stream);
-    }
+    const int64_t t_step = mk_prof_begin(mk, a);
     void * kargs[] = { (void *) &a };
     cudaError_t e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
         return 4;
     }
-    if (prof) {
+    if (mk->d_prof) {
         cudaEventRecord(mk->ev[1], mk->stream);
     }
     for (int i = 0; i < step->n_out; ++i) {
@@ -617,24 +668,7 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         fprintf(stderr, "%s: kernel failed: %s\n", __func__, cudaGetErrorString(e));
         return 6;
     }
-    if (prof) {
-        float ms = 0.0f;
-        cudaEventElapsedTime(&ms, mk->ev[0], mk->ev[1]);
-        mk->prof_kernel_ms += ms;
-        mk->prof_step_ms   += 1e-3*(ggml_time_us() - t_step);
-        cudaMemcpy(mk->h_prof.data(), mk->d_prof, mk->h_prof.size()*sizeof(unsigned long long), cudaMemcpyDeviceToHost);
-        const unsigned long long n = std::min<unsigned long long>(mk->h_prof[0], mk->prof_cap);
-        for (unsigned long long i = 1; i < n; ++i) {
-            const unsigned long long tag = mk->h_prof[1 + 2*i];
-            if (tag < MK_PH_COUNT) {
-                mk->prof_ns[tag] += (double) (mk->h_prof[2 + 2*i] - mk->h_prof[2*i]);
-            }
-        }
-        if (mk->d_gprof) {
-            mk_gprof_add(mk);
-        }
-        mk->prof_steps++;
-    }
+    mk_prof_end(mk, M, t_step);
     return 0;
 }
 
@@ -700,11 +734,15 @@ int ggml_cuda_mk_draft_eval(void * h, const ggml_mk_draft_step * step) {
     if (cudaMemcpyAsync(mk->d_up, mk->h_up, off, cudaMemcpyHostToDevice, mk->stream) != cudaSuccess) {
         return 3;
     }
+    const int64_t t_step = mk_prof_begin(mk, a);
     void * kargs[] = { (void *) &a, (void *) &d_da };
     cudaError_t e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
         return 4;
+    }
+    if (mk->d_prof) {
+        cudaEventRecord(mk->ev[1], mk->stream);
     }
     bool ok = cudaMemcpyAsync(step->tokens_out, mk->da.tokens, (size_t) k*sizeof(int32_t), cudaMemcpyDeviceToHost, mk->stream) == cudaSuccess;
     if (step->logits_out) {
@@ -722,6 +760,8 @@ int ggml_cuda_mk_draft_eval(void * h, const ggml_mk_draft_step * step) {
         fprintf(stderr, "%s: kernel failed: %s\n", __func__, cudaGetErrorString(e));
         return 6;
     }
+    mk_prof_end(mk, 0, t_step);
+    mk->prof_draft_steps += k;
     return 0;
 }
 

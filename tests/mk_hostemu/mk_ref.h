@@ -72,7 +72,7 @@ static float f16r(float x) { return ggml_fp16_to_fp32(ggml_fp32_to_fp16(x)); }
 
 // ---- float64 reference ----------------------------------------------------------------------
 typedef std::vector<double> vd;
-// q8_inputs: Q4_0 and Q8_0 weights meet 8-bit inputs (per 32 values: d = max|x|/127, q = round(x/d)),
+// q8_inputs: Q4_0 and Q8_0 weights meet 8-bit inputs (per 32 values: d = max|x|/127, q = round(x*(1/d))),
 // as in llama.cpp's mmvq (the CUDA kernel); the reference then rounds its inputs the same way for those types
 static vd mv(const wt & w, const vd & x_in, bool q8_inputs) {
     vd x = x_in;
@@ -81,7 +81,8 @@ static vd mv(const wt & w, const vd & x_in, bool q8_inputs) {
             float amax = 0.0f;
             for (size_t i = b; i < b + 32 && i < x.size(); ++i) amax = std::max(amax, fabsf((float) x[i]));
             const float d = amax/127.0f;
-            for (size_t i = b; i < b + 32 && i < x.size(); ++i) x[i] = amax == 0.0f ? 0.0 : (double) nearbyintf((float) x[i]/d)*d;
+            const float id = amax == 0.0f ? 0.0f : 1.0f/d;
+            for (size_t i = b; i < b + 32 && i < x.size(); ++i) x[i] = amax == 0.0f ? 0.0 : (double) nearbyintf((float) x[i]*id)*d;
         }
     }
     vd y(w.ne1, 0.0);
