@@ -128,8 +128,15 @@ struct ggml_mk_model {
                                               // one grid barrier less per layer (layers whose attention takes the device-wide
                                               // way keep the phase)
 #define GGML_MK_VAR_LATE_BEGIN        0x8000  // a mat-vec's first weight tiles issued after its inputs are staged, not before the
-                                              // grid barrier that precedes it (do the staging's loads queue behind the weight
-                                              // stream? verify batches spend ~1.6 us per column and mat-vec staging)
+                                              // grid barrier that precedes it (measured: 1.003x at M = 1, verify staging not
+                                              // cheaper; kept only until a GPU run confirms its removal, which moves the draft
+                                              // kernel's register allocation: NOTES.md, session 13)
+#define GGML_MK_VAR_ROW_TILES         0x10000 // (before) one row per weight tile also for short Q4_0/Q8_0 rows, not up to 32/l rows
+                                              // (l lanes each) per tile: the draft's LM head (K = 256), its layers, the per-layer
+                                              // up-projections
+#define GGML_MK_VAR_EMBD_BLOCK0       0x20000 // (before) a fused draft step's token embedding row decoded by the first threads of
+                                              // block 0 into global memory and scaled there, not one group per thread of every
+                                              // block in registers
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -860,6 +860,9 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
     if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
         p.debug_flags = atoi(dbg); // planted bugs, tests only
     }
+    if (const char * var = getenv("LLAMA_MEGAKERNEL_VARIANT")) {
+        p.debug_flags |= (int) strtol(var, nullptr, 0) & ~0xff;   // GGML_MK_VAR_* only (the draft shares the layer phases)
+    }
     if (host_ok) {
         return d;   // (the plan only: a CPU reference reads it)
     }

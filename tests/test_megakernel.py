@@ -118,8 +118,11 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # plan adds Q scaled after rope, V = K without V norm
 # 0x8000: GGML_MK_VAR_LATE_BEGIN (a mat-vec's first weight tiles issued after its staging, also in the passes of a verify
 # step whose columns do not fit at once), against the default kernel bitwise
+# 0x10000: GGML_MK_VAR_ROW_TILES (one row per weight tile): the default packs the model's short Q4_0/Q8_0 rows several
+# to a tile (the LM head's 300 rows end in a part-filled tile), each row's sum must keep its bits
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
+            "0x10000": ["--variant", "0x10000", "--vs-default"],
             "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"]}
 
 
@@ -136,6 +139,12 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     assert "OK verify M=4: 0 of 4 hidden rows differ" in r.stdout, r.stdout
     if "--vs-default" in args:
         assert re.search(r"^OK variant 0x\w+ == default kernel bitwise .*: 0 of 19 steps differ", r.stdout, re.M), r.stdout
+    packed = re.search(r"^kernel: (\d+) of (\d+) mat-vec jobs in tiles of several rows \(up to (\d+)\)", r.stdout, re.M)
+    assert packed, r.stdout
+    if variant == "0x10000":
+        assert packed.group(1) == "0", f"GGML_MK_VAR_ROW_TILES still packs rows: {packed.group(0)}"
+        assert re.search(r"^default kernel: [1-9]\d* of \d+ mat-vec jobs in tiles of several rows \(up to ([2-9]|\d\d)\)", r.stdout, re.M), \
+            "the default kernel packed no rows: the bitwise comparison tests nothing\n" + r.stdout
     if variant.startswith("0x4000"):
         fold = re.search(r"^heads folded into the attention: (\d+) of (\d+) layer steps", r.stdout, re.M)
         assert fold, r.stdout

@@ -134,19 +134,21 @@ def _build_draft_emu(tmp_path: Path, cpu_build: Path, first_inc: Path | None = N
     return exe
 
 
-@pytest.mark.parametrize("variant", ["", "0x4000"])
+@pytest.mark.parametrize("variant", ["", "0x4000", "0x30000"])
 def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_build, variant):
     """mk-kernel.cuh's draft kernel (mk_draft_kernel: mk_step<true>, the decode step's code with the draft's inputs and
     pick around it): k = 4 chained steps of a random assistant in one launch
     (in-kernel embedding row, pre-projection, the layers reading the target's caches, LM head, post-projection, argmax
     feeding the next step) at four positions across the window: the float64 reference's tokens, logits and h_next.
-    0x4000: with the heads phase folded into the attention (GGML_MK_VAR_FOLD_HEADS; the draft's layers compute only Q)."""
+    0x4000: with the heads phase folded into the attention (GGML_MK_VAR_FOLD_HEADS; the draft's layers compute only Q).
+    0x30000: the ways before (GGML_MK_VAR_ROW_TILES: one row per weight tile; GGML_MK_VAR_EMBD_BLOCK0: the embedding row
+    decoded by block 0 in global memory), kept for A/B runs."""
     exe = _build_draft_emu(tmp_path, cpu_build)
     r = subprocess.run([str(exe), *(["--variant", variant] if variant else [])], capture_output=True, text=True, timeout=600)
     print(r.stdout)
     assert r.returncode == 0 and re.search(r"^OK the fused draft .*: 16 of 16 steps", r.stdout, re.M), \
         r.stdout[-3000:] + r.stderr[-2000:]
-    if variant:
+    if variant == "0x4000":
         fold = re.search(r"^heads folded into the attention: (\d+) of", r.stdout, re.M)
         assert fold and int(fold.group(1)) > 0, r.stdout
 
@@ -158,7 +160,7 @@ def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_buil
 EMU_PLANTED = {
     "barriers": None,
     "kq_scale": (GGML_MK_H, "m->kq_scale    = d->kq_scale;", "m->kq_scale    = 1.0f/sqrtf((float) d->layers[0].head_dim);"),
-    "embd_scale": (KERNEL, "x[i] *= da.embd_scale;", "x[i] *= 1.0f;"),
+    "embd_scale": (KERNEL, "x[i] = __fmul_rn(w[i], da.embd_scale);", "x[i] = w[i];"),
     "h_not_chained": (KERNEL, "da.xh[nb + i] = j == 0 ? da.h[i] : mk_ldcg(da.h_next + (size_t) (j - 1)*nb + i);",
                       "da.xh[nb + i] = da.h[i];"),
     "pick_misses_a_block": (KERNEL, "for (int b = threadIdx.x; b < (int) gridDim.x; b += MK_THREADS) {",

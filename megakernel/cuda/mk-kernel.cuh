@@ -286,19 +286,40 @@ MK_DEVICE float mk_warp_sum(float v) {
     return v;
 }
 
+// the sum over each group of l consecutive lanes (l a power of 2 <= WARP_SIZE), returned to the group's lanes; where
+// the other lanes of the warp hold zeros, it is mk_warp_sum's over the group bit for bit (the butterfly's wider
+// steps would add only zeros)
+MK_DEVICE float mk_lane_sum(float v, int l) {
+    for (int o = l/2; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffff, v, o);
+    }
+    return v;
+}
+
+MK_HOSTDEV bool mk_is_q8dot(int type) {
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0;
+}
+
 // a job's parameters in registers (read once per mat-vec, never indexed at run time): a row is cut
 // into nseg tiles of sgps*256 values (the last one shorter), each at most MK_TB bytes: a full tile is tb bytes
 // and tg 32-value groups, the last one lb bytes and lg groups
+//
+// short rows (Q4_0/Q8_0, one tile each, at most 16 block pairs) are packed rpt > 1 to a tile: consecutive rows,
+// lpr lanes per row (a power of 2 >= the row's pairs, so lane p still takes pair p and the lane group's sum adds the
+// same numbers in the same order as a whole warp's over one row: the bits do not change); nu: the job's tiles
+// (units) of rows
 struct mk_jr {
     const uint8_t * data;
     float         * y;
     uint64_t        nb1;
     int             ne0, ne1, type, ldy, nseg;
     int             tb, tg, lb, lg;
+    int             rpt, lpr, nu;
     float           softcap;
 };
 
-MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
+// pack: rows may be packed (the default; GGML_MK_VAR_ROW_TILES turns it off)
+MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack) {
     mk_jr r;
     r.data    = (const uint8_t *) jb.w.data;
     r.y       = jb.y;
@@ -318,6 +339,21 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb) {
     const int v0 = (r.nseg - 1)*sgps*256;   // the last tile's first value
     r.lg   = (r.ne0 - v0 + 31)/32;
     r.lb   = bytes - (r.nseg - 1)*r.tb;
+    r.rpt  = 1;
+    r.lpr  = WARP_SIZE;
+    const int np = r.lg/2;   // a one-tile row's block pairs
+    if (pack && r.nseg == 1 && mk_is_q8dot(r.type) && r.lg % 2 == 0 && np <= WARP_SIZE/2 && r.nb1 == (uint64_t) bytes &&
+        bytes % 4 == 0 && ((uintptr_t) r.data & 3) == 0) {
+        int l = 1;
+        while (l < np) {
+            l *= 2;
+        }
+        const int fit = MK_TB/bytes;   // (a tile's copy starts at its 16-byte aligned start: MK_STAGE_BYTES covers it)
+        r.rpt = WARP_SIZE/l < fit ? WARP_SIZE/l : fit;
+        r.lpr = r.rpt > 1 ? l : WARP_SIZE;
+        r.rpt = r.rpt > 1 ? r.rpt : 1;
+    }
+    r.nu   = (r.ne1 + r.rpt - 1)/r.rpt;
     return r;
 }
 
@@ -331,17 +367,19 @@ struct mk_mvr {
 // field f of job j (0..2) of R
 #define MK_J(R, jb, f) ((R).j[jb].f)
 
-MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv) {
+// flags: the model's debug_flags (GGML_MK_VAR_ROW_TILES: one row per tile)
+MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     mk_mvr R = {};
     if (mv.n_jobs == 0) {
         return R;   // (a weight the model does not have: never run)
     }
-    R.j[0]    = mk_jr_of(mv.jobs[0]);
-    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1]) : R.j[0];
-    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2]) : R.j[0];
+    const bool pack = !mv.pair && !(flags & GGML_MK_VAR_ROW_TILES);   // (a gate/up pair: one row of each per unit)
+    R.j[0]    = mk_jr_of(mv.jobs[0], pack);
+    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1], pack) : R.j[0];
+    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack) : R.j[0];
     R.pair  = mv.pair;
     R.norm  = mv.norm;
-    R.units = mv.pair ? R.j[0].ne1 : R.j[0].ne1 + (mv.n_jobs > 1 ? R.j[1].ne1 : 0) + (mv.n_jobs > 2 ? R.j[2].ne1 : 0);
+    R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
 
@@ -412,7 +450,7 @@ static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int 
 // host: the whole table (mk_mv_count(md.n_layer) entries)
 static inline void mk_mv_table(const ggml_mk_model & md, const mk_args & a, mk_mvr * tab) {
     for (int i = 0; i < mk_mv_count(md.n_layer); ++i) {
-        tab[i] = mk_mvr_of(mk_mv_desc(md, a, i));
+        tab[i] = mk_mvr_of(mk_mv_desc(md, a, i), md.debug_flags);
     }
 }
 
@@ -428,17 +466,13 @@ static inline void mk_mv_table_draft(const ggml_mk_draft & d, const ggml_mk_mode
     mk_mv pre = {};
     pre.jobs[0] = { d.pre, a.xb[0], md.n_embd, 0.0f };
     pre.n_jobs  = 1;
-    tab[mk_mv_draft_pre(md.n_layer)] = mk_mvr_of(pre);
+    tab[mk_mv_draft_pre(md.n_layer)] = mk_mvr_of(pre, md.debug_flags);
     for (int j = 0; j < da.k; ++j) {
         mk_mv post = {};
         post.jobs[0] = { d.post, da.h_next + (size_t) j*d.n_embd_bb, d.n_embd_bb, 0.0f };
         post.n_jobs  = 1;
-        tab[mk_mv_draft_post(md.n_layer, j)] = mk_mvr_of(post);
+        tab[mk_mv_draft_post(md.n_layer, j)] = mk_mvr_of(post, md.debug_flags);
     }
-}
-
-MK_HOSTDEV bool mk_is_q8dot(int type) {
-    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0;
 }
 
 // a mat-vec's inputs as the kernel stages them: the 8-bit records alone (direct: every job Q4_0/Q8_0 and no norm,
@@ -528,16 +562,16 @@ MK_DEVICE void mk_it_set(const mk_mvr & R, mk_it & it) {
     }
     int r = it.u;
     int j = 0;
-    if (r >= R.j[0].ne1) {
-        r -= R.j[0].ne1;
+    if (r >= R.j[0].nu) {
+        r -= R.j[0].nu;
         j = 1;
-        if (r >= R.j[1].ne1) {
-            r -= R.j[1].ne1;
+        if (r >= R.j[1].nu) {
+            r -= R.j[1].nu;
             j = 2;
         }
     }
     it.job = j;
-    it.row = r;
+    it.row = r*MK_J(R, j, rpt);   // (the tile's first row)
 }
 
 MK_DEVICE mk_it mk_it_first(const mk_mvr & R) {
@@ -568,6 +602,10 @@ MK_DEVICE const uint8_t * mk_tile(const mk_mvr & R, const mk_it & it, int & nbyt
     g0     = it.seg*MK_J(R, it.job, tg);
     ng     = last ? MK_J(R, it.job, lg) : MK_J(R, it.job, tg);
     nbytes = last ? MK_J(R, it.job, lb) : tb;
+    const int rpt = MK_J(R, it.job, rpt);
+    if (rpt > 1) {   // packed rows (one tile each, back to back): ng and g0 are one row's
+        nbytes *= min(rpt, MK_J(R, it.job, ne1) - it.row);
+    }
     return MK_J(R, it.job, data) + (size_t) it.row*MK_J(R, it.job, nb1) + it.seg*tb;
 }
 
@@ -1004,11 +1042,12 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
 // the same groups (a second row: the up row of a gate/up pair, or the warp's next row) into acc1[m], each input
 // record loaded once for both rows. Each block's weights are decoded once for every column; a column's blocks are
 // added in the same order whatever MC, Mc and TWO are (lane-strided pairs, the pair's two blocks in order), so a
-// verify batch's column is bit for bit its one-token step
+// verify batch's column is bit for bit its one-token step. p0, ps: this lane's first pair and the stride (a packed
+// tile's row: the lane's place in its group of ps lanes)
 template <bool IS_Q4, bool TWO, int MC>
 MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq, int Mc, size_t cs,
-                        float (&acc0)[MC], float (&acc1)[MC]) {
-    for (int p = threadIdx.x % WARP_SIZE; p < ng/2; p += WARP_SIZE) {
+                        float (&acc0)[MC], float (&acc1)[MC], int p0 = threadIdx.x % WARP_SIZE, int ps = WARP_SIZE) {
+    for (int p = p0; p < ng/2; p += ps) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             unsigned wq[8];
@@ -1093,7 +1132,41 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 const size_t cs = (size_t) KG*MK_XQ_REC;
                 mk_it nx = it;
                 mk_it_next(R, nx);
+                const int rpt = MK_J(R, it.job, rpt);
+                if (rpt > 1) {
+                    // packed short rows (mk_jr): lane group gi (lpr lanes) takes row it.row + gi of the tile, lane p of
+                    // the group pair p, p + lpr, ... of it: each row's sum is the one-row path's bit for bit
+                    const int lpr = MK_J(R, it.job, lpr);
+                    const int gi  = lane/lpr;
+                    const int nr  = min(rpt, MK_J(R, it.job, ne1) - it.row);
+                    const uint8_t * rb = base + (size_t) (gi < nr ? gi : 0)*MK_J(R, it.job, nb1);
+                    if (gi < nr) {
+                        if (is_q4) {
+                            mk_pairs<true, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc, lane % lpr, lpr);
+                        } else {
+                            mk_pairs<false, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc, lane % lpr, lpr);
+                        }
+                    }
+                    __syncwarp(); // the stage is refilled ns - 1 tiles later
+                    const mk_it r0 = it;
+                    mk_it_next(R, it);
+                    float * y = MK_J(R, r0.job, y);
+                    const int   ldy = MK_J(R, r0.job, ldy);
+                    const float cap = MK_J(R, r0.job, softcap);
+#pragma unroll
+                    for (int m = 0; m < MC; ++m) {
+                        if (MC == 1 || m < Mc) {
+                            const float s = mk_lane_sum(acc[m], lpr);
+                            acc[m] = 0.0f;
+                            if (gi < nr && lane % lpr == 0) {
+                                y[(size_t) (m0 + m)*ldy + r0.row + gi] = mk_softcap(s, cap);
+                            }
+                        }
+                    }
+                    continue;
+                }
                 const bool try2 = nx.u < R.units && MK_J(R, it.job, nseg) == 1 && MK_J(R, nx.job, nseg) == 1 &&
+                                  MK_J(R, nx.job, rpt) == 1 &&
                                   MK_J(R, nx.job, type) == type && (!R.pair || it.sub == 0);
                 int nb1 = 0, g1 = 0, ng1 = 0;
                 const uint8_t * src1  = try2 ? mk_tile(R, nx, nb1, g1, ng1) : nullptr;
@@ -1874,19 +1947,35 @@ MK_DEVICE int mk_draft_token(const mk_draft_args & da, int j) {
 
 // a draft step's pre-projection input concat(tok_embd[t]*embd_scale, h) (t, h: the launch's, or step j-1's draft and
 // h_next, written before the last grid barrier)
-MK_DEVICE_FN void mk_draft_inputs(const mk_draft_args & da, int j) {
+MK_DEVICE_FN void mk_draft_inputs(const mk_draft_args & da, int j, int flags) {
     const int nb = da.n_embd_bb;
     const int t  = j == 0 ? da.token : mk_draft_token(da, j - 1);
     const uint8_t * row = (const uint8_t *) da.tok_embd.data + (size_t) t*da.tok_embd.nb1;
+    // one 32-value group per thread, decoded in registers, the groups dealt to the blocks in turn (thread 0 of every
+    // block first). (Before: the groups went to the first threads of block 0, each decoding into the output in global
+    // memory and scaling it there, a read after every write: E4B's draft steps waited ~40 us each for block 0)
+    const int nt  = gridDim.x*MK_THREADS;
     const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
-    for (int g = tid; g < nb/32; g += gridDim.x*MK_THREADS) {
-        float * x = da.xh + 32*g;   // (decoded in place: no local array)
-        mk_deq32(row, da.tok_embd.type, g, 32, x);
-        for (int i = 0; i < 32; ++i) {
-            x[i] *= da.embd_scale;
+    if (flags & GGML_MK_VAR_EMBD_BLOCK0) {
+        for (int g = tid; g < nb/32; g += nt) {
+            float * x = da.xh + 32*g;
+            mk_deq32(row, da.tok_embd.type, g, 32, x);
+            for (int i = 0; i < 32; ++i) {
+                x[i] = __fmul_rn(x[i], da.embd_scale);
+            }
+        }
+    } else {
+        for (int g = threadIdx.x*gridDim.x + blockIdx.x; g < nb/32; g += nt) {
+            float w[32];
+            mk_deq32(row, da.tok_embd.type, g, 32, w);
+            float * x = da.xh + 32*g;
+            MK_UNROLL
+            for (int i = 0; i < 32; ++i) {
+                x[i] = __fmul_rn(w[i], da.embd_scale);
+            }
         }
     }
-    for (int i = tid; i < nb; i += gridDim.x*MK_THREADS) {
+    for (int i = tid; i < nb; i += nt) {
         da.xh[nb + i] = j == 0 ? da.h[i] : mk_ldcg(da.h_next + (size_t) (j - 1)*nb + i);
     }
 }
@@ -2007,7 +2096,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     };
 
     if (DRAFT) {
-        mk_draft_inputs(*da, j);
+        mk_draft_inputs(*da, j, md.debug_flags);
         begin(mk_mv_draft_pre(md.n_layer));
         mk_grid_sync(a, MK_PH_EMBD);
         run(plain(da->xh, 2*da->n_embd_bb));

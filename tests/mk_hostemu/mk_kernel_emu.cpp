@@ -112,6 +112,23 @@ int main(int argc, char ** argv) {
         std::vector<mk_mvr> mvt(mk_mv_count(n_layer));
         mk_mv_table(M_, a, mvt.data());
         a.mvt = mvt.data();
+        static bool said_rows[2];
+        if (!said_rows[set]) {   // short rows packed to a tile (mk_jr: rpt > 1), the default kernel's and the variant's
+            said_rows[set] = true;
+            int n_jobs = 0, n_packed = 0, rows_max = 1;
+            for (const mk_mvr & R : mvt) {
+                for (int j = 0; R.units && j < (R.pair ? 2 : 3); ++j) {
+                    if (j > 0 && R.j[j].data == R.j[0].data && R.j[j].y == R.j[0].y) {
+                        break;   // (a one-job mat-vec repeats job 0)
+                    }
+                    ++n_jobs;
+                    n_packed += R.j[j].rpt > 1;
+                    rows_max  = std::max(rows_max, R.j[j].rpt);
+                }
+            }
+            printf("%s: %d of %d mat-vec jobs in tiles of several rows (up to %d)\n", set == 0 ? "kernel" : "default kernel",
+                   n_packed, n_jobs, rows_max);
+        }
         const mk_smem L = mk_smem_plan(mvt.data(), (int) mvt.size(), M, smem, ns_max, mk_att_bytes(M_));
         if (L.ns == 0) {
             printf("FAIL the model's mat-vecs do not fit in %d bytes of shared memory\n", smem);
