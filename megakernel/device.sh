@@ -8,7 +8,8 @@
 #   stages, in order: check (nvcc syntax check of mk.cu and mk-draft.cu, stops early on errors), build, models, test,
 #   draft (the fused MTP draft kernel vs llama.cpp's assistant graph: test-mk-draft --fused on the pairs of
 #   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch, per step size M; MK_PROF=2: also every block's barrier arrivals; MK_PROF_ARGS: more test-mk options, e.g. "--rounds 2 --verify-cost" for verify steps of M = 2..5; MK_PROF_LINES: profile lines shown, default 40), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
-#   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), sanitize. Logs and results under $OUT (every stage tees its full output there).
+#   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), ncuv (one verify launch
+#   of MK_NCU_M tokens, default 4: sections + SASS samples; not yet run on a GPU), sanitize. Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_CHECK_ARGS (check: extra nvcc options),
 #   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
@@ -186,6 +187,23 @@ stage_ncusrc() {
     ncu -i "$WORK/mk-src.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-sass.csv" 2>&1 || \
         ncu -i "$WORK/mk-src.ncu-rep" --page source --csv > "$OUT/ncu-sass.csv" 2>&1
     ls -la "$OUT/ncu-raw.csv" "$OUT/ncu-sass.csv"; head -c 600 "$OUT/ncu-sass.csv"; echo
+}
+
+# ncu over one verify launch of MK_NCU_M tokens (default 4; the third such launch of test-mk, picked by the kernel's own
+# profiler range: LLAMA_MEGAKERNEL_NCU_M, ncu --profile-from-start off) on the last model of MK_MODELS: the sections of
+# stage ncu plus the per-SASS-instruction samples as CSV (where a verify step's staging stalls)
+stage_ncuv() {
+    local m
+    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    log "ncu: one verify launch of M=${MK_NCU_M:-4} tokens on $m"
+    LLAMA_MEGAKERNEL=1 LLAMA_MEGAKERNEL_NCU_M=${MK_NCU_M:-4} ncu --clock-control none --profile-from-start off \
+        -k regex:mk_decode_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SourceCounters --section InstructionStats -f -o "$WORK/mk-verify" \
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds 0 --max-nmse 10 --max-disagree 100 > "$OUT/ncuv-run.log" 2>&1
+    ncu -i "$WORK/mk-verify.ncu-rep" --page details > "$OUT/ncuv.log" 2>&1
+    grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Achieved" "$OUT/ncuv.log" | head -40
+    ncu -i "$WORK/mk-verify.ncu-rep" --page source --csv --print-source sass > "$OUT/ncuv-sass.csv" 2>&1
+    ls -la "$OUT/ncuv.log" "$OUT/ncuv-sass.csv"
 }
 
 # the fused MTP draft kernel (issue 14) vs llama.cpp's own gemma4-assistant graph on the GPU, token for token on live

@@ -15,6 +15,13 @@
 #include "mk-device.cuh"
 #include "mk-kernel.cuh"
 
+#if __has_include(<cuda_profiler_api.h>)   // (a full toolkit has it; the header-only wheels of the CI's compile check do not)
+#include <cuda_profiler_api.h>
+#define MK_PROFILER_RANGE 1
+#else
+#define MK_PROFILER_RANGE 0
+#endif
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -36,6 +43,8 @@ struct mk_cuda {
     bool all_chunks = false;   // GGML_MK_VAR_ALL_CHUNKS
     bool bulk = false;         // weight tiles by cp.async.bulk (sm_90+, not GGML_MK_VAR_CP_ASYNC)
     uint64_t launches = 0;     // the grid barrier's two counts alternate per launch
+    int ncu_m = 0;             // LLAMA_MEGAKERNEL_NCU_M=M: only steps of M tokens inside the profiler's range (ncu
+                               // --profile-from-start off: one verify launch, not the one-token steps before it)
 
     // LLAMA_MEGAKERNEL_PROFILE=1: per-phase times of the steps of each size M, or of the draft launches (block 0's
     // view), printed at the end
@@ -273,6 +282,9 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     }
     mk->args.att_cnt  = (unsigned *) p;
     p += mk_align(M*max_head*sizeof(unsigned));
+    if (const char * e = getenv("LLAMA_MEGAKERNEL_NCU_M")) {
+        mk->ncu_m = atoi(e);
+    }
     if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE"); e && atoi(e) != 0) {
         const int steps = d ? d->k_max : 1;   // a draft launch runs up to k_max steps of its layers
         mk->prof_cap = (64 + 64*(size_t) model->n_layer)*steps;   // entries: ~24 per layer (phase ends, waits, stagings)
@@ -641,7 +653,18 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     }
     const int64_t t_step = mk_prof_begin(mk, a);
     void * kargs[] = { (void *) &a };
+    const bool ncu = MK_PROFILER_RANGE && mk->ncu_m == M;
+#if MK_PROFILER_RANGE
+    if (ncu) {
+        cudaProfilerStart();
+    }
+#endif
     cudaError_t e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
+#if MK_PROFILER_RANGE
+    if (ncu) {
+        cudaProfilerStop();
+    }
+#endif
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
         return 4;
