@@ -1952,8 +1952,9 @@ MK_DEVICE_FN void mk_draft_inputs(const mk_draft_args & da, int j, int flags) {
     const int t  = j == 0 ? da.token : mk_draft_token(da, j - 1);
     const uint8_t * row = (const uint8_t *) da.tok_embd.data + (size_t) t*da.tok_embd.nb1;
     // one 32-value group per thread, decoded in registers, the groups dealt to the blocks in turn (thread 0 of every
-    // block first). (Before: the groups went to the first threads of block 0, each decoding into the output in global
-    // memory and scaling it there, a read after every write: E4B's draft steps waited ~40 us each for block 0)
+    // block first). (Before, GGML_MK_VAR_EMBD_BLOCK0: the groups went to the first threads of block 0, each decoding
+    // into the output in global memory and scaling it there; the E4B-shaped draft's embedding phase 118 -> 104 us per
+    // k = 3 launch, NOTES.md session 13)
     const int nt  = gridDim.x*MK_THREADS;
     const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
     if (flags & GGML_MK_VAR_EMBD_BLOCK0) {
