@@ -148,6 +148,9 @@ def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_buil
     print(r.stdout)
     assert r.returncode == 0 and re.search(r"^OK the fused draft .*: 16 of 16 steps", r.stdout, re.M), \
         r.stdout[-3000:] + r.stderr[-2000:]
+    # the assistant's Q8_0 LM head and Q4_0 rows go several to a weight tile, except with GGML_MK_VAR_ROW_TILES (0x10000)
+    packed = re.search(r"^mat-vecs in tiles of several rows: (\d+)", r.stdout, re.M)
+    assert packed and (int(packed.group(1)) == 0) == (variant == "0x30000"), r.stdout
     if variant == "0x4000":
         fold = re.search(r"^heads folded into the attention: (\d+) of", r.stdout, re.M)
         assert fold and int(fold.group(1)) > 0, r.stdout

@@ -24,9 +24,11 @@ struct result {
     std::vector<double>  margin;   // [k] the largest logit minus the second largest
 };
 
-// a plan's matrices dequantized once (by ggml's to_float), keyed by their address
+// a plan's matrices dequantized once (by ggml's to_float), keyed by their address; q8_inputs: Q4_0/Q8_0 weights meet
+// inputs rounded to 8 bits per 32 values, as the CUDA kernel's integer dot products do (mk_ref::q8_round)
 struct weights {
     std::map<const void *, std::vector<float>> f;
+    bool q8_inputs = false;
 
     const std::vector<float> & get(const ggml_mk_weight & w) {
         auto it = f.find(w.data);
@@ -50,8 +52,12 @@ struct weights {
         }
     }
 
-    vd mv(const ggml_mk_weight & w, const vd & x) {
+    vd mv(const ggml_mk_weight & w, const vd & x_in) {
         const std::vector<float> & m = get(w);
+        vd x = x_in;
+        if (q8_inputs && (w.type == GGML_TYPE_Q4_0 || w.type == GGML_TYPE_Q8_0)) {
+            mk_ref::q8_round(x);
+        }
         vd y(w.ne1, 0.0);
         for (int r = 0; r < w.ne1; ++r) {
             const float * wr = m.data() + (size_t) r*w.ne0;

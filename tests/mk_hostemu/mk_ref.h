@@ -74,16 +74,19 @@ static float f16r(float x) { return ggml_fp16_to_fp32(ggml_fp32_to_fp16(x)); }
 typedef std::vector<double> vd;
 // q8_inputs: Q4_0 and Q8_0 weights meet 8-bit inputs (per 32 values: d = max|x|/127, q = round(x*(1/d))),
 // as in llama.cpp's mmvq (the CUDA kernel); the reference then rounds its inputs the same way for those types
+static void q8_round(vd & x) {
+    for (size_t b = 0; b < x.size(); b += 32) {
+        float amax = 0.0f;
+        for (size_t i = b; i < b + 32 && i < x.size(); ++i) amax = std::max(amax, fabsf((float) x[i]));
+        const float d = amax/127.0f;
+        const float id = amax == 0.0f ? 0.0f : 1.0f/d;
+        for (size_t i = b; i < b + 32 && i < x.size(); ++i) x[i] = amax == 0.0f ? 0.0 : (double) nearbyintf((float) x[i]*id)*d;
+    }
+}
 static vd mv(const wt & w, const vd & x_in, bool q8_inputs) {
     vd x = x_in;
     if (q8_inputs && (w.type == GGML_TYPE_Q4_0 || w.type == GGML_TYPE_Q8_0)) {
-        for (size_t b = 0; b < x.size(); b += 32) {
-            float amax = 0.0f;
-            for (size_t i = b; i < b + 32 && i < x.size(); ++i) amax = std::max(amax, fabsf((float) x[i]));
-            const float d = amax/127.0f;
-            const float id = amax == 0.0f ? 0.0f : 1.0f/d;
-            for (size_t i = b; i < b + 32 && i < x.size(); ++i) x[i] = amax == 0.0f ? 0.0 : (double) nearbyintf((float) x[i]*id)*d;
-        }
+        q8_round(x);
     }
     vd y(w.ne1, 0.0);
     for (int r = 0; r < w.ne1; ++r) for (int k = 0; k < w.ne0; ++k) y[r] += (double) w.f[(size_t) r*w.ne0 + k]*x[k];
