@@ -278,6 +278,23 @@ static int32_t llama_mk_dev_index(ggml_backend_reg_t reg, ggml_backend_dev_t dev
     return 0;
 }
 
+// the kernel's debug flags from the environment: LLAMA_MEGAKERNEL_DEBUG (planted bugs, tests only) and
+// LLAMA_MEGAKERNEL_VARIANT (GGML_MK_VAR_* bits only: kernel variants for A/B runs; logged if log)
+static int32_t llama_mk_env_flags(bool log) {
+    int32_t flags = 0;
+    if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
+        flags = atoi(dbg);
+    }
+    if (const char * var = getenv("LLAMA_MEGAKERNEL_VARIANT")) {
+        const int bits = (int) strtol(var, nullptr, 0) & ~0xff;
+        flags |= bits;
+        if (log) {
+            LLAMA_LOG_INFO("llama_mk: kernel variant 0x%x (LLAMA_MEGAKERNEL_VARIANT)\n", bits);
+        }
+    }
+    return flags;
+}
+
 llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cparams) {
     // on by default where the backend has measured it faster than its graph (CUDA on Hopper: NOTES.md, session 10);
     // LLAMA_MEGAKERNEL=1 asks for it on any device, 0 keeps the graph
@@ -409,14 +426,7 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
     if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE")) {
         mk->prof = atoi(e) != 0;
     }
-    if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
-        p.debug_flags = atoi(dbg); // planted bugs, tests only
-    }
-    if (const char * var = getenv("LLAMA_MEGAKERNEL_VARIANT")) {
-        const int bits = (int) strtol(var, nullptr, 0);
-        p.debug_flags |= bits & ~0xff;   // GGML_MK_VAR_* only
-        LLAMA_LOG_INFO("llama_mk: kernel variant 0x%x (LLAMA_MEGAKERNEL_VARIANT)\n", bits & ~0xff);
-    }
+    p.debug_flags = llama_mk_env_flags(true);
 
     char err[256] = {0};
     mk->backend_mk = create(&p, err, sizeof(err));
@@ -857,12 +867,7 @@ llama_mk_draft_ptr llama_mk_draft_init(const llama_model & model, const llama_cp
     if (!host_ok && (!b.dev || ggml_backend_dev_type(b.dev) != GGML_BACKEND_DEVICE_TYPE_GPU)) {
         return fail("the assistant's weights are not on a GPU");
     }
-    if (const char * dbg = getenv("LLAMA_MEGAKERNEL_DEBUG")) {
-        p.debug_flags = atoi(dbg); // planted bugs, tests only
-    }
-    if (const char * var = getenv("LLAMA_MEGAKERNEL_VARIANT")) {
-        p.debug_flags |= (int) strtol(var, nullptr, 0) & ~0xff;   // GGML_MK_VAR_* only (the draft shares the layer phases)
-    }
+    p.debug_flags = llama_mk_env_flags(false);   // (the draft shares the layer phases and their variants)
     if (host_ok) {
         return d;   // (the plan only: a CPU reference reads it)
     }
