@@ -168,6 +168,7 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
 
 
 def _write_atomic(writer_factory, path: Path, fill) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         w = writer_factory(tmp)
