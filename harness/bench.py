@@ -20,6 +20,7 @@ BENCHES = {
     "metal": ("harness.bench_metal", "Metal A/B kernels on a Mac"),
     "spec": ("harness.bench_spec", "cost of the batch-invariant CPU path (llama-bench, AB/BA)"),
     "megakernel": ("harness.bench_megakernel", "Gemma decode megakernel vs the CUDA/Metal graph (tok/s, verify cost)"),
+    "mtp": ("harness.bench_mtp", "MTP speculation end to end through llama-server: megakernel and graph vs greedy"),
     "rpc": ("harness.bench_rpc", "ggml-rpc on loopback vs one process: tok/s ratio and bytes per token"),
 }
 
@@ -44,7 +45,9 @@ def readiness(which_bench: str, system: str | None = None, machine: str | None =
         return False, f"module {mod} does not exist yet"
     if which_bench == "megakernel" and system == "Darwin" and machine == "arm64":
         return True, "macOS arm64 (--backend metal)"
-    if which_bench in ("cuda", "megakernel"):
+    if which_bench == "mtp" and system == "Darwin" and machine == "arm64":
+        return True, "macOS arm64 (a Metal build of the series)"
+    if which_bench in ("cuda", "megakernel", "mtp"):
         gpus = _cuda_gpus()
         if not gpus:
             return False, "needs an NVIDIA GPU (nvidia-smi lists none here)"

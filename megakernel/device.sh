@@ -9,13 +9,15 @@
 #   draft (the fused MTP draft kernel vs llama.cpp's assistant graph: test-mk-draft --fused on the pairs of
 #   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch, per step size M; MK_PROF=2: also every block's barrier arrivals; MK_PROF_ARGS: more test-mk options, e.g. "--rounds 2 --verify-cost" for verify steps of M = 2..5; MK_PROF_LINES: profile lines shown, default 40), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), ncuv (one verify launch
-#   of MK_NCU_M tokens, default 4: sections + SASS samples; not yet run on a GPU), sanitize. Logs and results under $OUT (every stage tees its full output there).
+#   of MK_NCU_M tokens, default 4: sections + SASS samples; not yet run on a GPU), e2e (MTP speculation end to end
+#   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize. Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_CHECK_ARGS (check: extra nvcc options),
 #   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), small-h = F16 with an assistant that reads the target's hidden state strongly, e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
-#   GPU (megakernel/synth_gpu.py), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
+#   GPU (megakernel/synth_gpu.py), e2b-mtp / e4b-mtp = the same shapes as a structured pair whose drafts are accepted
+#   at a rate set by the target's noise (synth_gpu.py --noise 1, rescaled in place by stage e2e), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
 #     split -n 4 -d "$(.venv/bin/stq-metal model)" .dev/mk/g3.   # here, once: 4 pieces of < 61 MiB
 #     for each piece P: run("MK_PIECE=P bash megakernel/device.sh receive", carry=[P]) in quick succession
 #     (the machine keeps /tmp only while warm: 30 s between calls); the last call verifies the sha256.
@@ -91,6 +93,11 @@ stage_models() {
         e2b|e4b)
             [ -f "$MODELS/$m.gguf" ] && [ -f "$MODELS/$m-assistant.gguf" ] || \
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/megakernel/synth_gpu.py" --shape "$m" \
+                    --tokenizer-from "$DEV/mk/tokenizer.gguf" --out "$MODELS/$m.gguf" --assistant "$MODELS/$m-assistant.gguf" \
+                    ${MK_SYNTH_ARGS:-} | tail -3 ;;
+        e2b-mtp|e4b-mtp)   # structured pair: the drafts' acceptance set by the target's noise (synth_gpu --noise)
+            [ -f "$MODELS/$m.gguf" ] && [ -f "$MODELS/$m-assistant.gguf" ] || \
+                PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/megakernel/synth_gpu.py" --shape "${m%-mtp}" --noise 1 \
                     --tokenizer-from "$DEV/mk/tokenizer.gguf" --out "$MODELS/$m.gguf" --assistant "$MODELS/$m-assistant.gguf" \
                     ${MK_SYNTH_ARGS:-} | tail -3 ;;
         *) echo "unknown model $m"; return 2 ;;
@@ -236,6 +243,20 @@ stage_draft() {
         -md "$MODELS/small-h/gemma4-synth-assistant.gguf" --fused -k 4 -n 3 2>&1 | tee -a "$OUT/draft.log" | grep -E "ERROR SUMMARY|Invalid|test-mk-draft:" | head -6
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
     return $rc
+}
+
+# MTP speculation end to end through llama-server (harness/bench_mtp.py): greedy and draft-mtp, megakernel and graph, at
+# the acceptance rates MK_E2E_ARGS names (default: probe a noise grid, then the levels nearest 0.75, 0.5 and 0.25 accepted
+# per draft) on MK_E2E_MODEL (default e4b-mtp, stage models); needs llama-server in MK_TARGETS
+stage_e2e() {
+    local m=${MK_E2E_MODEL:-e4b-mtp}
+    log "end to end: MTP speculation vs greedy through llama-server on $m"
+    # shellcheck disable=SC2086
+    (cd "$HERE" && STQ_METAL_CACHE="$WORK/cache" PYTHONPATH="$SRC/gguf-py:$HERE" python3 -m harness.bench_mtp --bin "$BLD/bin" \
+        --target "$(model_path "$m")" --assistant "$MODELS/$m-assistant.gguf" \
+        ${MK_E2E_ARGS:---k 2,3 --rounds 3 -n 192 --accept 0.75,0.5,0.25 --noise-grid 0.25,0.5,1,2,4,8} \
+        --json "$OUT/e2e-$(date +%H%M%S).json") 2>&1 | tee -a "$OUT/e2e.log" | grep -v "^\[stq-metal\]"
+    return "${PIPESTATUS[0]}"
 }
 
 # llama-server with the megakernel: speculative (draft-simple k = 1..4, -np 2, draft-mtp k = 1..4) == greedy

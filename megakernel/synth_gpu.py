@@ -9,8 +9,17 @@ byte-identical to gguf-py's reference quantizers on a sample before anything is 
 256 reading the target's last sliding-window and global layers' caches, 4 query heads of the target's head sizes,
 FFN 2048, Q4_0 matrices, F16 projections, a tied Q8_0 LM head over the whole vocabulary; random, so its drafts are
 rarely accepted: it is for the fused draft's speed and its agreement with llama.cpp's assistant graph.
+--noise X makes the pair structured instead, as harness/synth_gemma4.py's small pair is: the target's LM head maps token t
+to perm[t] (a fixed random permutation; rows unit(E[inv]) * 3 of its token embedding E), the assistant predicts perm[t]
+from the token embedding alone (its tied LM head unit(E[inv] P^T) * 3, P its pre-projection's token half), and X scales
+the target layers' contributions to the residual stream (the post-attention, post-FFN and per-layer post norms), so the
+target's greedy text walks the permutation and departs from it more often as X grows: X sets the drafts' acceptance
+(stq-metal bench mtp reports it). The file keeps X under the key stq_metal.synth.noise; --set-noise Y rescales those
+norms of such a file in place (seconds, not a new 9 GB file), so one pair serves several acceptance rates.
 
     python3 megakernel/synth_gpu.py --shape e4b --tokenizer-from TOKENIZER.gguf --out e4b.gguf [--assistant e4b-a.gguf]
+        [--noise X]
+    python3 megakernel/synth_gpu.py --set-noise Y --out e4b.gguf     # (a file made with --noise)
 """
 
 from __future__ import annotations
@@ -83,14 +92,50 @@ def check_quantizers(gguf) -> None:
     print("synth_gpu: GPU Q8_0/Q4_0 quantizers byte-identical to gguf-py's on a 64x2048 sample")
 
 
+NOISE_KEY = "stq_metal.synth.noise"
+# the target's norms that scale its layers' contributions to the residual stream (--noise, --set-noise)
+NOISE_NORMS = ("post_attention_norm", "post_ffw_norm", "post_norm")
+
+
+def set_noise(path: Path, noise: float) -> float:
+    """Rescale the NOISE_NORMS of a target made with --noise to `noise`, in place; returns the noise it had."""
+    import re
+    gguf = sg._gguf()
+    reader = gguf.GGUFReader(str(path), "r+")
+    field = reader.fields.get(NOISE_KEY)
+    if field is None:
+        raise SystemExit(f"synth_gpu: {path} has no {NOISE_KEY} key (not a target made with --noise); nothing changed")
+    old = float(field.parts[field.data[0]][0])
+    pat = re.compile(r"blk\.\d+\.(" + "|".join(NOISE_NORMS) + r")\.weight")
+    hits = [t for t in reader.tensors if pat.fullmatch(t.name)]
+    if not hits or any(t.tensor_type != gguf.GGMLQuantizationType.F32 for t in hits):
+        raise SystemExit(f"synth_gpu: {path}: expected F32 tensors blk.N.{{{','.join(NOISE_NORMS)}}}.weight; nothing changed")
+    for t in hits:
+        t.data[...] = t.data * np.float32(noise / old)
+    field.parts[field.data[0]][0] = noise   # the key last: an interrupted run leaves the old value with mixed norms
+    reader.data.flush()
+    print(f"synth_gpu: {path}: noise {old:g} -> {noise:g} ({len(hits)} norm vectors rescaled in place)")
+    return old
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="synth_gpu", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", choices=sorted(SHAPES), required=True, help="Gemma 4 E2B or E4B layout")
-    ap.add_argument("--tokenizer-from", type=Path, required=True, help="GGUF whose tokenizer.* metadata is copied")
-    ap.add_argument("--out", type=Path, required=True, help="the GGUF to write (atomically)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), help="Gemma 4 E2B or E4B layout (required unless --set-noise)")
+    ap.add_argument("--tokenizer-from", type=Path, help="GGUF whose tokenizer.* metadata is copied (required unless --set-noise)")
+    ap.add_argument("--out", type=Path, required=True, help="the GGUF to write (atomically); with --set-noise: the target to rescale")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--assistant", type=Path, help="also write an MTP assistant (gemma4-assistant) for the target here")
+    ap.add_argument("--noise", type=float, help="a structured pair (see above): the scale of the target layers' "
+                    "contributions to the residual stream (larger: the drafts accepted less often)")
+    ap.add_argument("--set-noise", type=float, metavar="Y", help="rescale the noise of --out (made with --noise) to Y in "
+                    "place and exit (the file is changed where it is: an interrupted run leaves it mixed)")
     args = ap.parse_args(argv)
+    if args.set_noise is not None:
+        set_noise(args.out, args.set_noise)
+        return 0
+    if args.shape is None or args.tokenizer_from is None:
+        ap.error("--shape and --tokenizer-from are required to make a model")
+    structured = args.noise is not None
 
     import torch
     gguf = sg._gguf()
@@ -125,20 +170,32 @@ def main(argv=None) -> int:
             w.add_tensor(name, np.ascontiguousarray(arr.astype(dtype)))
         return add_q, add_f
 
-    def add_out_ffn(add_q, add_f, pre, width, q_width, ff):
+    def add_out_ffn(add_q, add_f, pre, width, q_width, ff, post=0.5):
         # a layer's tensors after its attention's Q/K/V, in the same order for target and assistant layers
         add_q(pre + "attn_output.weight", rnd(width, q_width, 1.0), Q4)
-        add_f(pre + "post_attention_norm.weight", norm_w(width, 0.5))
+        add_f(pre + "post_attention_norm.weight", norm_w(width, post))
         add_f(pre + "ffn_norm.weight", norm_w(width))
         add_q(pre + "ffn_gate.weight", rnd(ff, width, 1.0), Q4)
         add_q(pre + "ffn_up.weight", rnd(ff, width, 1.0), Q4)
         add_q(pre + "ffn_down.weight", rnd(width, ff, 1.0), Q4)
-        add_f(pre + "post_ffw_norm.weight", norm_w(width, 0.5))
+        add_f(pre + "post_ffw_norm.weight", norm_w(width, post))
+
+    def unit_rows(x):
+        return x / x.norm(dim=1, keepdim=True)
+
+    # structured: E kept for both files, inv = the permutation's inverse (LM head row v = unit(E[inv[v]]) * 3)
+    E = inv = None
+    if structured:
+        gp = torch.Generator(device="cuda").manual_seed(args.seed + 2)
+        perm = torch.randperm(n_vocab, device="cuda", generator=gp)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(n_vocab, device="cuda")
 
     n_pairs = s["hd_global"] // 2
     rope_freqs = np.array([1.0] * (n_pairs // 4) + [1e30] * (n_pairs - n_pairs // 4), np.float32)
 
     def fill_target(w) -> None:
+        nonlocal E
         w.add_name(f"gemma4 {args.shape}-shaped synthetic target (random weights, stq-metal)")
         w.add_context_length(8192)
         w.add_embedding_length(n)
@@ -154,11 +211,19 @@ def main(argv=None) -> int:
         w.add_final_logit_softcapping(30.0)
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
         sg._copy_tokenizer(gguf, reader, w)
+        if structured:
+            w.add_float32(NOISE_KEY, args.noise)
 
         add_q, add_f = adders(w)
 
-        add_q("token_embd.weight", torch.randn(n_vocab, n, device="cuda"), Q8)
-        add_q("output.weight", rnd(n_vocab, n, 3.0), Q8)
+        emb = torch.randn(n_vocab, n, device="cuda")
+        add_q("token_embd.weight", emb, Q8)
+        if structured:
+            E = emb
+            add_q("output.weight", unit_rows(E[inv]) * 3.0, Q8)
+        else:
+            add_q("output.weight", rnd(n_vocab, n, 3.0), Q8)
+        post = args.noise if structured else 0.5
         add_f("output_norm.weight", np.ones(n, np.float32))
         add_f("rope_freqs.weight", rope_freqs)
         n_pl_all = s["n_pl"] * s["n_layer"]
@@ -179,10 +244,10 @@ def main(argv=None) -> int:
                 add_q(pre + "attn_k.weight", rnd(s["n_head_kv"] * d, n, 1.0), Q4)
                 add_q(pre + "attn_v.weight", rnd(s["n_head_kv"] * d, n, 1.0), Q4)
                 add_f(pre + "attn_k_norm.weight", norm_w(d))
-            add_out_ffn(add_q, add_f, pre, n, s["n_head"] * d, ff)
+            add_out_ffn(add_q, add_f, pre, n, s["n_head"] * d, ff, post)
             add_q(pre + "inp_gate.weight", rnd(s["n_pl"], n, 1.0), Q4)
             add_f(pre + "proj.weight", rnd(n, s["n_pl"], 1.0))
-            add_f(pre + "post_norm.weight", norm_w(n, 0.5))
+            add_f(pre + "post_norm.weight", norm_w(n, post))
             add_f(pre + "layer_output_scale.weight", np.ones(1, np.float32))
 
     def fill_assistant(w) -> None:
@@ -192,10 +257,19 @@ def main(argv=None) -> int:
                             n_ctx_train=8192)
         sg.assistant_metadata(gguf, w, pa, reader, f"gemma4 {args.shape}-shaped synthetic MTP assistant (random weights, stq-metal)")
         add_q, add_f = adders(w)
-        add_q("token_embd.weight", rnd(n_vocab, na, 3.0), Q8)
-        add_f("output_norm.weight", norm_w(na))
-        add_f("rope_freqs.weight", rope_freqs)
-        add_f("nextn.pre_projection.weight", rnd(na, 2*n, 1.0), np.float16)
+        if structured:
+            # x = E[t]*sqrt(n) beside the target's hidden state h: the pre-projection maps x through P (h weakly), so
+            # the tied LM head's rows unit(P E[inv[v]]) * 3 put perm[t] first; the layers add little (post norms 0.1)
+            P = rnd(na, n, 1.0)
+            add_q("token_embd.weight", unit_rows(E[inv] @ P.T) * 3.0, Q8)
+            add_f("output_norm.weight", np.ones(na, np.float32))
+            add_f("rope_freqs.weight", rope_freqs)
+            add_f("nextn.pre_projection.weight", torch.cat([P, rnd(na, n, 0.05)], dim=1), np.float16)
+        else:
+            add_q("token_embd.weight", rnd(n_vocab, na, 3.0), Q8)
+            add_f("output_norm.weight", norm_w(na))
+            add_f("rope_freqs.weight", rope_freqs)
+            add_f("nextn.pre_projection.weight", rnd(na, 2*n, 1.0), np.float16)
         add_f("nextn.post_projection.weight", rnd(n, na, 1.0), np.float16)
         for il, c in enumerate(pat):
             d = s["hd_swa"] if c == "S" else s["hd_global"]
@@ -203,7 +277,7 @@ def main(argv=None) -> int:
             add_f(pre + "attn_norm.weight", norm_w(na))
             add_q(pre + "attn_q.weight", rnd(n_head * d, na, 1.0), Q4)
             add_f(pre + "attn_q_norm.weight", norm_w(d))
-            add_out_ffn(add_q, add_f, pre, na, n_head * d, ff)
+            add_out_ffn(add_q, add_f, pre, na, n_head * d, ff, 0.1 if structured else 0.5)
             add_f(pre + "layer_output_scale.weight", np.ones(1, np.float32))
 
     write(args.out, "gemma4", fill_target)

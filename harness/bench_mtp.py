@@ -1,0 +1,252 @@
+"""`stq-metal bench mtp`: end-to-end speed of MTP speculation through llama-server, megakernel and graph, vs greedy.
+
+One target and its gemma4-assistant; every configuration is a llama-server of its own (all of a level's servers run
+side by side, idle but one; the GPU's memory holds them), asked for the same greedy completions (temperature 0,
+ignore_eos, no probabilities: the server's timings are the decode's own):
+  greedy-mk      LLAMA_MEGAKERNEL=1, no speculation (the megakernel's one-token steps)
+  mtp-kK-mk      LLAMA_MEGAKERNEL=1, --spec-type draft-mtp -md ASSISTANT, K drafts (the fused draft kernel: one launch
+                 of K steps; the verify of K+1 tokens one megakernel launch)
+  greedy-graph   LLAMA_MEGAKERNEL=0: the pinned llama.cpp's CUDA/Metal graph ("upstream")
+  mtp-kK-graph   LLAMA_MEGAKERNEL=0 with draft-mtp: upstream's own speculative path
+Rounds run the configurations in alternating order (AB.., ..BA); per configuration: the median tokens per second
+(generated tokens / timings.predicted_ms summed over the prompts: prompt processing excluded), the drafts accepted
+per drafted token, and the medians of the per-round ratios against greedy-mk and greedy-graph. Lossless check: every
+mk speculative run must give greedy-mk's ids and every graph speculative run greedy-graph's (exit 1 otherwise).
+
+Acceptance rates (synthetic pairs made by megakernel/synth_gpu.py --noise): --noise Y1,Y2 rescales the target's noise
+in place (synth_gpu --set-noise) before each level's runs; --accept A1,A2 with --noise-grid G1,G2,.. first probes
+the acceptance at every grid value (mtp with the largest K, megakernel, one prompt) and then runs the levels whose
+acceptance is closest to each A.
+
+    stq-metal bench mtp --bin BUILD/bin --target T.gguf --assistant A.gguf [--k 1,2,3] [--rounds 2] [-n 256]
+        [--noise 1,3 | --accept 0.75,0.5,0.25 --noise-grid 0.5,1,2,4,8] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import config, server, spec
+from .util import HarnessError, atomic_write_bytes
+
+SERVER_ARGS = ["-c", "4096", "-np", "1", "-ngl", "99", "-fa", "off", "--no-warmup"]
+
+
+@dataclass
+class Cfg:
+    name: str
+    env: dict
+    args: list[str]
+    greedy: str = ""          # the greedy configuration whose ids this one must give ("" for a greedy one)
+
+
+@dataclass
+class Result:
+    tok_s: list[float] = field(default_factory=list)
+    draft_n: int = 0
+    draft_accepted: int = 0
+    ids: list[list[int]] | None = None
+
+
+def configs(assistant: Path, ks: list[int], graph: bool) -> list[Cfg]:
+    def mtp(k: int) -> list[str]:
+        return ["-md", str(assistant), "-ngld", "99", "--spec-type", "draft-mtp", "--spec-draft-n-max", str(k),
+                "--spec-draft-n-min", "0"]
+    out = [Cfg("greedy-mk", {"LLAMA_MEGAKERNEL": "1"}, [])]
+    out += [Cfg(f"mtp-k{k}-mk", {"LLAMA_MEGAKERNEL": "1"}, mtp(k), "greedy-mk") for k in ks]
+    if graph:
+        out.append(Cfg("greedy-graph", {"LLAMA_MEGAKERNEL": "0"}, []))
+        out += [Cfg(f"mtp-k{k}-graph", {"LLAMA_MEGAKERNEL": "0"}, mtp(k), "greedy-graph") for k in ks]
+    return out
+
+
+def complete(port: int, prompt: str, n_predict: int) -> dict:
+    """One greedy /completion; returns ids, decode time (ms) and the draft counters from the server's timings."""
+    import requests
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "return_tokens": True,
+            "cache_prompt": False, "ignore_eos": True, "stream": False}
+    r = requests.post(f"http://127.0.0.1:{port}/completion", json=body, timeout=600)
+    if r.status_code != 200:
+        raise HarnessError(f"bench mtp: /completion failed: HTTP {r.status_code}: {r.text[:300]}")
+    j = r.json()
+    tm = j.get("timings") or {}
+    ids = [int(t) for t in j.get("tokens") or []]
+    ms = float(tm.get("predicted_ms", 0.0) or 0.0)
+    if not ids or ms <= 0:
+        raise HarnessError(f"bench mtp: the server's reply has no tokens or no timings.predicted_ms: {str(j)[:300]}")
+    return {"ids": ids, "ms": ms, "draft_n": int(tm.get("draft_n", 0) or 0),
+            "draft_accepted": int(tm.get("draft_n_accepted", 0) or 0)}
+
+
+def start(stack: contextlib.ExitStack, a, c: Cfg, target: Path) -> dict:
+    """The configuration's server (stopped with the stack), warmed up (first launches, allocations)."""
+    with spec.env_vars(c.env):   # (the server keeps the environment it was started with)
+        info = stack.enter_context(server.running(a.bin / "llama-server", target,
+                                                  args=[*SERVER_ARGS, "-t", str(a.threads), *c.args], timeout=600))
+    complete(info["port"], spec.PROMPTS[0], 8)
+    return info
+
+
+def measure(info: dict, prompts: list[str], n_predict: int) -> dict:
+    gens = [complete(info["port"], p, n_predict) for p in prompts]
+    log = Path(info["log"]).read_text(errors="replace")
+    n = sum(len(g["ids"]) for g in gens)
+    ms = sum(g["ms"] for g in gens)
+    return {"ids": [g["ids"] for g in gens], "tok_s": 1000.0*n/ms, "draft_n": sum(g["draft_n"] for g in gens),
+            "draft_accepted": sum(g["draft_accepted"] for g in gens),
+            "mk_on": "llama_mk: megakernel on" in log,
+            "fused": "llama_mk_draft: the fused MTP draft kernel drafts" in log,
+            "fallback": sum(1 for x in log.splitlines() if "llama_mk: standard graph for this batch" in x)}
+
+
+def load_set_noise():
+    """megakernel/synth_gpu.py's set_noise (numpy + gguf only: no GPU needed)."""
+    path = config.MEGAKERNEL_DIR / "synth_gpu.py"
+    s = importlib.util.spec_from_file_location("stq_synth_gpu", path)
+    if s is None or s.loader is None:
+        raise HarnessError(f"bench mtp: cannot load {path}")
+    mod = importlib.util.module_from_spec(s)
+    s.loader.exec_module(mod)
+    return mod.set_noise
+
+
+def bench_level(a, cfgs: list[Cfg], prompts: list[str]) -> tuple[dict, int]:
+    res = {c.name: Result() for c in cfgs}
+    fails = 0
+    with contextlib.ExitStack() as stack:
+        infos = {c.name: start(stack, a, c, a.target) for c in cfgs}
+        fails += rounds(a, cfgs, infos, prompts, res)
+    return summarize(cfgs, res, fails)
+
+
+def rounds(a, cfgs: list[Cfg], infos: dict, prompts: list[str], res: dict) -> int:
+    fails = 0
+    for rnd in range(a.rounds):
+        order = cfgs if rnd % 2 == 0 else cfgs[::-1]
+        for c in order:
+            r = measure(infos[c.name], prompts, a.n_predict)
+            x = res[c.name]
+            x.tok_s.append(r["tok_s"])
+            x.draft_n += r["draft_n"]
+            x.draft_accepted += r["draft_accepted"]
+            x.ids = x.ids or r["ids"]
+            if c.env.get("LLAMA_MEGAKERNEL") == "1" and not r["mk_on"]:
+                print(f"FAIL: [{c.name}] the server ran without the megakernel")
+                fails += 1
+            if c.name.endswith("-mk") and c.greedy and (not r["fused"] or r["fallback"]):
+                print(f"note: [{c.name}] fused drafts {'on' if r['fused'] else 'NOT on'}, "
+                      f"{r['fallback']} batches on the standard graph")
+            print(f"  round {rnd + 1} {c.name}: {r['tok_s']:.1f} tok/s, drafts {r['draft_accepted']}/{r['draft_n']}",
+                  flush=True)
+    return fails
+
+
+def summarize(cfgs: list[Cfg], res: dict, fails: int) -> tuple[dict, int]:
+    base = {c.name: res[c.name] for c in cfgs if not c.greedy}
+    out = {}
+    for c in cfgs:
+        x = res[c.name]
+        row = {"tok_s": statistics.median(x.tok_s), "tok_s_rounds": x.tok_s,
+               "accepted_per_draft": x.draft_accepted/x.draft_n if x.draft_n else None,
+               "draft_n": x.draft_n, "draft_accepted": x.draft_accepted}
+        for b, y in base.items():
+            row[f"vs_{b}"] = statistics.median(p/q for p, q in zip(x.tok_s, y.tok_s))
+        if c.greedy:
+            same = x.ids == res[c.greedy].ids
+            row["ids_equal_greedy"] = same
+            if not same:
+                print(f"FAIL: [{c.name}] ids differ from {c.greedy}'s (speculation must be lossless)")
+                fails += 1
+        out[c.name] = row
+    return out, fails
+
+
+def print_level(title: str, rows: dict) -> None:
+    print(f"\n{title}")
+    bases = [k[3:] for k in next(iter(rows.values())) if k.startswith("vs_")]
+    print(f"  {'configuration':<16} {'tok/s':>8} {'accepted/draft':>15} " + " ".join(f"{'vs ' + b:>16}" for b in bases))
+    for name, r in rows.items():
+        acc = f"{r['accepted_per_draft']:.3f}" if r["accepted_per_draft"] is not None else "-"
+        same = "" if "ids_equal_greedy" not in r else ("  ids == greedy" if r["ids_equal_greedy"] else "  IDS DIFFER")
+        print(f"  {name:<16} {r['tok_s']:>8.1f} {acc:>15} " + " ".join(f"{r['vs_' + b]:>15.3f}x" for b in bases) + same)
+
+
+def floats(s: str) -> list[float]:
+    try:
+        return [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {s!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="stq-metal bench mtp", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", type=Path, required=True, help="the build's bin folder (llama-server with the megakernel)")
+    ap.add_argument("--target", type=Path, required=True, help="the gemma4 target GGUF")
+    ap.add_argument("--assistant", type=Path, required=True, help="its gemma4-assistant GGUF (the MTP head)")
+    ap.add_argument("--k", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3],
+                    help="draft counts K, comma-separated (default 1,2,3)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds in alternating order (default 2: AB.., ..BA)")
+    ap.add_argument("-n", "--n-predict", type=int, default=256, help="tokens generated per prompt (default 256)")
+    ap.add_argument("--prompts", type=int, default=2, help=f"prompts of harness.spec.PROMPTS (default 2, at most {len(spec.PROMPTS)})")
+    ap.add_argument("-t", "--threads", type=int, default=4, help="llama-server CPU threads (default 4)")
+    ap.add_argument("--no-graph", action="store_true", help="skip the LLAMA_MEGAKERNEL=0 (upstream) configurations")
+    ap.add_argument("--noise", type=floats, help="noise levels to rescale --target to, in turn (synth_gpu --set-noise)")
+    ap.add_argument("--accept", type=floats, help="acceptance rates to aim at (needs --noise-grid)")
+    ap.add_argument("--noise-grid", type=floats, help="noise values probed for --accept")
+    ap.add_argument("--json", type=Path, help="write every figure here (atomically)")
+    a = ap.parse_args(argv)
+    if (a.accept is None) != (a.noise_grid is None):
+        ap.error("--accept and --noise-grid go together")
+    if a.noise and a.accept:
+        ap.error("--noise or --accept, not both")
+    for p in (a.bin / "llama-server", a.target, a.assistant):
+        if not p.exists():
+            ap.error(f"{p}: no such file")
+    prompts = spec.PROMPTS[:max(1, a.prompts)]
+    results: dict = {"k": a.k, "rounds": a.rounds, "n_predict": a.n_predict, "prompts": len(prompts), "levels": []}
+    set_noise = load_set_noise() if (a.noise or a.accept) else None
+
+    levels: list[float | None] = list(a.noise) if a.noise else [None]
+    if a.accept:
+        probe = configs(a.assistant, [max(a.k)], False)[1]
+        seen = []
+        for y in a.noise_grid:
+            set_noise(a.target, y)
+            with contextlib.ExitStack() as stack:
+                r = measure(start(stack, a, probe, a.target), prompts[:1], 96)
+            acc = r["draft_accepted"]/r["draft_n"] if r["draft_n"] else 0.0
+            print(f"probe: noise {y:g}: {probe.name} accepted {r['draft_accepted']}/{r['draft_n']} = {acc:.3f} per draft",
+                  flush=True)
+            seen.append((y, acc))
+        results["probe"] = [{"noise": y, "accepted_per_draft": acc} for y, acc in seen]
+        levels = []
+        for want in a.accept:
+            y = min(seen, key=lambda s: abs(s[1] - want))[0]
+            if y not in levels:
+                levels.append(y)
+
+    fails = 0
+    cfgs = configs(a.assistant, a.k, not a.no_graph)
+    for y in levels:
+        if y is not None:
+            set_noise(a.target, y)
+        rows, f = bench_level(a, cfgs, prompts)
+        fails += f
+        print_level(f"noise {y:g}" if y is not None else str(a.target.name), rows)
+        results["levels"].append({"noise": y, "configs": rows})
+    if a.json:
+        atomic_write_bytes(a.json, json.dumps(results, indent=1).encode())
+    print(f"\nbench mtp: {'FAILED' if fails else 'done'} ({fails} failing checks)")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
