@@ -36,7 +36,9 @@ from pathlib import Path
 from . import config, server, spec
 from .util import HarnessError, atomic_write_bytes
 
-SERVER_ARGS = ["-c", "4096", "-np", "1", "-ngl", "99", "-fa", "off", "--no-warmup"]
+# -lv 4: the llama_mk lines (megakernel on, fused drafts, fallbacks) reach the server's log
+SERVER_ARGS = ["-np", "1", "-ngl", "99", "-fa", "off", "--no-warmup", "-lv", "4"]
+MK_LINES = ("llama_mk: megakernel", "llama_mk_draft:", "llama_mk: standard graph")
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Result:
     draft_n: int = 0
     draft_accepted: int = 0
     ids: list[list[int]] | None = None
+    lines: list[str] = field(default_factory=list)
 
 
 def configs(assistant: Path, ks: list[int], graph: bool) -> list[Cfg]:
@@ -88,8 +91,8 @@ def complete(port: int, prompt: str, n_predict: int) -> dict:
 def start(stack: contextlib.ExitStack, a, c: Cfg, target: Path) -> dict:
     """The configuration's server (stopped with the stack), warmed up (first launches, allocations)."""
     with spec.env_vars(c.env):   # (the server keeps the environment it was started with)
-        info = stack.enter_context(server.running(a.bin / "llama-server", target,
-                                                  args=[*SERVER_ARGS, "-t", str(a.threads), *c.args], timeout=600))
+        info = stack.enter_context(server.running(a.bin / "llama-server", target, timeout=600,
+                                                  args=[*SERVER_ARGS, "-c", str(a.ctx), "-t", str(a.threads), *c.args]))
     complete(info["port"], spec.PROMPTS[0], 8)
     return info
 
@@ -103,7 +106,8 @@ def measure(info: dict, prompts: list[str], n_predict: int) -> dict:
             "draft_accepted": sum(g["draft_accepted"] for g in gens),
             "mk_on": "llama_mk: megakernel on" in log,
             "fused": "llama_mk_draft: the fused MTP draft kernel drafts" in log,
-            "fallback": sum(1 for x in log.splitlines() if "llama_mk: standard graph for this batch" in x)}
+            "fallback": sum(1 for x in log.splitlines() if "llama_mk: standard graph for this batch" in x),
+            "lines": sorted({x.strip()[:200] for x in log.splitlines() if any(m in x for m in MK_LINES)})}
 
 
 def load_set_noise():
@@ -120,15 +124,21 @@ def load_set_noise():
 def bench_level(a, cfgs: list[Cfg], prompts: list[str]) -> tuple[dict, int]:
     res = {c.name: Result() for c in cfgs}
     fails = 0
+    if a.serial:   # one server at a time, restarted for every round
+        for rnd in range(a.rounds):
+            for c in (cfgs if rnd % 2 == 0 else cfgs[::-1]):
+                with contextlib.ExitStack() as stack:
+                    fails += rounds(a, [c], {c.name: start(stack, a, c, a.target)}, prompts, res, n=1, first=rnd)
+        return summarize(cfgs, res, fails)
     with contextlib.ExitStack() as stack:
         infos = {c.name: start(stack, a, c, a.target) for c in cfgs}
         fails += rounds(a, cfgs, infos, prompts, res)
     return summarize(cfgs, res, fails)
 
 
-def rounds(a, cfgs: list[Cfg], infos: dict, prompts: list[str], res: dict) -> int:
+def rounds(a, cfgs: list[Cfg], infos: dict, prompts: list[str], res: dict, n: int = 0, first: int = 0) -> int:
     fails = 0
-    for rnd in range(a.rounds):
+    for rnd in range(first, first + (n or a.rounds)):
         order = cfgs if rnd % 2 == 0 else cfgs[::-1]
         for c in order:
             r = measure(infos[c.name], prompts, a.n_predict)
@@ -137,6 +147,10 @@ def rounds(a, cfgs: list[Cfg], infos: dict, prompts: list[str], res: dict) -> in
             x.draft_n += r["draft_n"]
             x.draft_accepted += r["draft_accepted"]
             x.ids = x.ids or r["ids"]
+            if not x.lines:
+                x.lines = r["lines"]
+                for line in r["lines"]:
+                    print(f"  [{c.name}] {line}")
             if c.env.get("LLAMA_MEGAKERNEL") == "1" and not r["mk_on"]:
                 print(f"FAIL: [{c.name}] the server ran without the megakernel")
                 fails += 1
@@ -155,7 +169,7 @@ def summarize(cfgs: list[Cfg], res: dict, fails: int) -> tuple[dict, int]:
         x = res[c.name]
         row = {"tok_s": statistics.median(x.tok_s), "tok_s_rounds": x.tok_s,
                "accepted_per_draft": x.draft_accepted/x.draft_n if x.draft_n else None,
-               "draft_n": x.draft_n, "draft_accepted": x.draft_accepted}
+               "draft_n": x.draft_n, "draft_accepted": x.draft_accepted, "log_lines": x.lines}
         for b, y in base.items():
             row[f"vs_{b}"] = statistics.median(p/q for p, q in zip(x.tok_s, y.tok_s))
         if c.greedy:
@@ -198,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=2, help=f"prompts of harness.spec.PROMPTS (default 2, at most {len(spec.PROMPTS)})")
     ap.add_argument("-t", "--threads", type=int, default=4, help="llama-server CPU threads (default 4)")
     ap.add_argument("--no-graph", action="store_true", help="skip the LLAMA_MEGAKERNEL=0 (upstream) configurations")
+    ap.add_argument("-c", "--ctx", type=int, default=4096, help="llama-server context size (default 4096)")
+    ap.add_argument("--serial", action="store_true", help="one server at a time, restarted every round (default: a "
+                    "level's servers side by side, started once)")
     ap.add_argument("--noise", type=floats, help="noise levels to rescale --target to, in turn (synth_gpu --set-noise)")
     ap.add_argument("--accept", type=floats, help="acceptance rates to aim at (needs --noise-grid)")
     ap.add_argument("--noise-grid", type=floats, help="noise values probed for --accept")
@@ -211,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         if not p.exists():
             ap.error(f"{p}: no such file")
     prompts = spec.PROMPTS[:max(1, a.prompts)]
-    results: dict = {"k": a.k, "rounds": a.rounds, "n_predict": a.n_predict, "prompts": len(prompts), "levels": []}
+    results: dict = {"k": a.k, "rounds": a.rounds, "n_predict": a.n_predict, "prompts": len(prompts), "ctx": a.ctx,
+                     "serial": a.serial, "levels": []}
     set_noise = load_set_noise() if (a.noise or a.accept) else None
 
     levels: list[float | None] = list(a.noise) if a.noise else [None]

@@ -254,7 +254,7 @@ stage_e2e() {
     # shellcheck disable=SC2086
     (cd "$HERE" && STQ_METAL_CACHE="$WORK/cache" PYTHONPATH="$SRC/gguf-py:$HERE" python3 -m harness.bench_mtp --bin "$BLD/bin" \
         --target "$(model_path "$m")" --assistant "$MODELS/$m-assistant.gguf" \
-        ${MK_E2E_ARGS:---k 2,3 --rounds 3 -n 192 --accept 0.75,0.5,0.25 --noise-grid 0.25,0.5,1,2,4,8} \
+        ${MK_E2E_ARGS:---k 2,3 --rounds 2 -n 128 --accept 0.75,0.5,0.25 --noise-grid 24,32,40,48,56,64,80} \
         --json "$OUT/e2e-$(date +%H%M%S).json") 2>&1 | tee -a "$OUT/e2e.log" | grep -v "^\[stq-metal\]"
     return "${PIPESTATUS[0]}"
 }

@@ -89,14 +89,15 @@ class _FakeServers:
         if name == self.wrong:
             ids = [[1, 2, 9, 4]] * len(prompts)
         return {"ids": ids, "tok_s": self.tok_s[name].pop(0), "draft_n": 10 if "mtp" in name else 0,
-                "draft_accepted": 6 if "mtp" in name else 0, "mk_on": name.endswith("-mk"), "fused": True, "fallback": 0}
+                "draft_accepted": 6 if "mtp" in name else 0, "mk_on": name.endswith("-mk"), "fused": True, "fallback": 0,
+                "lines": []}
 
 
 def _args(rounds):
     class A:
         pass
     a = A()
-    a.rounds, a.n_predict = rounds, 16
+    a.rounds, a.n_predict, a.serial = rounds, 16, False
     return a
 
 
