@@ -26,6 +26,9 @@
 #include <string>
 #include <vector>
 
+// LLAMA_MEGAKERNEL_PROFILE=1: the host profile line is printed every this many one-token steps (and at teardown)
+#define LLAMA_MK_PROF_EVERY 256
+
 // host staging of a step: mask and index tensors in a host buffer, views of llama.cpp's caches
 struct llama_mk_staging {
     ggml_context         * ctx_host = nullptr;
@@ -69,18 +72,24 @@ struct llama_mk : llama_mk_staging {
     std::set<std::string>  said;     // reasons already logged
     bool                   said_streams = false;
 
-    // LLAMA_MEGAKERNEL_PROFILE=1: the host's share of one-token steps (us, summed)
+    // LLAMA_MEGAKERNEL_PROFILE=1: the host's share of one-token steps (us, summed since the start)
     bool    prof = false;
     int     prof_steps = 0;
     int64_t prof_us[4] = {0, 0, 0, 0};   // inputs (cells, masks, views), embedding rows, the backend's step, all
 
-    ~llama_mk() {
+    // the line below, at teardown and every LLAMA_MK_PROF_EVERY one-token steps (a server stopped by a signal never
+    // reaches its teardown)
+    void say_prof() const {
         if (prof && prof_steps > 0) {
             const double n = prof_steps;
             LLAMA_LOG_INFO("llama_mk profile: host, %d one-token steps: llama_mk_decode %.1f us = inputs (cells, masks, cache "
                            "views) %.1f + embedding rows %.1f + the backend's step %.1f us\n", prof_steps, prof_us[3]/n,
                            prof_us[0]/n, prof_us[1]/n, prof_us[2]/n);
         }
+    }
+
+    ~llama_mk() {
+        say_prof();
         if (backend_mk && free_fn) {
             free_fn(backend_mk);
         }
@@ -722,6 +731,9 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         mk->prof_us[2] += t3 - t2;
         mk->prof_us[3] += t3 - t0;
         mk->prof_steps++;
+        if (mk->prof_steps % LLAMA_MK_PROF_EVERY == 0) {
+            mk->say_prof();
+        }
     }
     return true;
 }

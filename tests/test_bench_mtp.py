@@ -90,7 +90,7 @@ class _FakeServers:
             ids = [[1, 2, 9, 4]] * len(prompts)
         return {"ids": ids, "tok_s": self.tok_s[name].pop(0), "draft_n": 10 if "mtp" in name else 0,
                 "draft_accepted": 6 if "mtp" in name else 0, "mk_on": name.endswith("-mk"), "fused": True, "fallback": 0,
-                "lines": []}
+                "lines": [], "prof": ""}
 
 
 def _args(rounds):
@@ -101,13 +101,15 @@ def _args(rounds):
     return a
 
 
-@pytest.mark.parametrize("wrong", ["", "mtp-k2-mk"])
+@pytest.mark.parametrize("wrong", ["", "mtp-k2-mk", "mtp-k2-graph"])
 def test_bench_rounds_alternate_and_ratios_are_paired_medians(monkeypatch, wrong):
     cfgs = bench_mtp.configs(Path("a.gguf"), [2], graph=True)
     assert [c.name for c in cfgs] == ["greedy-mk", "mtp-k2-mk", "greedy-graph", "mtp-k2-graph"]
     assert [c.greedy for c in cfgs] == ["", "greedy-mk", "", "greedy-graph"]
     assert "--spec-draft-n-max" in cfgs[1].args and cfgs[1].args[cfgs[1].args.index("--spec-draft-n-max") + 1] == "2"
     assert cfgs[2].env == {"LLAMA_MEGAKERNEL": "0"} and cfgs[0].env == {"LLAMA_MEGAKERNEL": "1"}
+    prof = bench_mtp.configs(Path("a.gguf"), [2], graph=True, mk_profile=True)
+    assert [c.env.get("LLAMA_MEGAKERNEL_PROFILE") for c in prof] == ["1", "1", None, None]
     fake = _FakeServers({"greedy-mk": [100, 110, 90], "mtp-k2-mk": [150, 154, 171],
                          "greedy-graph": [50, 50, 50], "mtp-k2-graph": [60, 66, 45]}, wrong)
     monkeypatch.setattr(bench_mtp, "measure", fake.measure)
@@ -122,8 +124,12 @@ def test_bench_rounds_alternate_and_ratios_are_paired_medians(monkeypatch, wrong
     assert rows["mtp-k2-mk"]["vs_greedy-graph"] == pytest.approx(3.08)
     assert rows["mtp-k2-graph"]["accepted_per_draft"] == pytest.approx(0.6)
     assert rows["greedy-mk"]["accepted_per_draft"] is None
-    assert rows["mtp-k2-mk"]["ids_equal_greedy"] is (wrong == "")
-    assert fails == (1 if wrong else 0)
+    assert rows["mtp-k2-mk"]["ids_equal_greedy"] is (wrong != "mtp-k2-mk")
+    assert rows["mtp-k2-graph"]["ids_equal_greedy"] is (wrong != "mtp-k2-graph")
+    if wrong:
+        assert rows[wrong]["first_diff"] == [2]
+    # only the megakernel's speculation is judged lossless; upstream's graph is reported
+    assert fails == (1 if wrong == "mtp-k2-mk" else 0)
 
 
 def test_bench_mtp_help_and_argument_errors(capsys, tmp_path):
