@@ -780,6 +780,21 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
     }
 }
 
+// a thread's staging items in order: item i is column i / NJ, slot t + (i % NJ)*MK_THREADS; walked with a cursor
+// (no run-time division per item: the staging is bound by its instruction count, NOTES session 14)
+struct mk_item {
+    int m;   // column
+    int f;   // slot
+};
+
+MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_THREADS
+    it.f += MK_THREADS;
+    if (it.f >= fe) {
+        it.f = t;
+        ++it.m;
+    }
+}
+
 // stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8; direct (no
 // norm, only 8-bit inputs wanted): the records are made from registers and xs is not written. With a pending
 // residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out); with nw it
@@ -803,8 +818,9 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
     float ss[MC];   // per column: sums of squares, then 1/rms (run-time indexed unless MC = 1)
     float rh[MC];
-#define MK_COL(i) (MC == 1 ? 0 : (i) / NJ)   // the column of item i
+#define MK_COL(it) (MC == 1 ? 0 : (it).m)   // an item's column (a one-column pass: 0)
 #define MK_NC     (MC == 1 ? 1 : Mc)
+    const int  fe  = t + NJ*MK_THREADS;                     // (mk_item_next)
     // every item in one batch (a one-token step's column): the pending residual's rms is taken from the batch's
     // loads below (the same values and sums in the same order as this separate round of loads)
     const bool one = NI <= MK_SB;
@@ -814,19 +830,21 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         for (int m = 0; m < MK_NC; ++m) {
             ss[m] = 0.0f;
         }
+        mk_item it = { 0, t };
 #pragma unroll 1
         for (int i0 = 0; i0 < NI; i0 += MK_SB) {
             float4 v[MK_SB];
+            int    mb[MK_SB];
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
-                const int i = i0 + b;
-                const int f = t + (i % NJ)*MK_THREADS;
-                v[b] = i < NI && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + MK_COL(i))*x.lda) + f) : z4;
+                mb[b] = MK_COL(it);
+                v[b] = i0 + b < NI && it.f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + mb[b])*x.lda) + it.f) : z4;
+                mk_item_next(it, t, fe);
             }
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
                 if (i0 + b < NI) {
-                    ss[MK_COL(i0 + b)] = mk_sq4(v[b], ss[MK_COL(i0 + b)]);
+                    ss[mb[b]] = mk_sq4(v[b], ss[mb[b]]);
                 }
             }
         }
@@ -842,15 +860,20 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     for (int m = 0; m < MK_NC; ++m) {
         ss[m] = 0.0f;
     }
+    mk_item it = { 0, t };
 #pragma unroll 1
     for (int i0 = 0; i0 < NI; i0 += MK_SB) {
         float4 va[MK_SB], vb[MK_SB], vw[MK_SB], vn[MK_SB];
+        int    mb[MK_SB], fb[MK_SB];   // the items' columns and slots
         MK_UNROLL
         for (int b = 0; b < MK_SB; ++b) {   // every load of the batch first
             const int i = i0 + b;
-            const int f = t + (i % NJ)*MK_THREADS;
+            const int f = it.f;
+            mb[b] = MK_COL(it);
+            fb[b] = f;
+            mk_item_next(it, t, fe);
             const bool ok = i < NI && f < F4;
-            const size_t mm = (size_t) (m0 + MK_COL(i));
+            const size_t mm = (size_t) (m0 + mb[b]);
             va[b] = ok ? mk_ldcg4((const float4 *) (x.a + mm*x.lda) + f) : z4;
             vb[b] = ok && gl  ? mk_ldcg4((const float4 *) (x.b + mm*x.ldb) + f)
                   : ok && res ? mk_ldcg4((const float4 *) (x.res_h + mm*x.lda) + f) : z4;
@@ -863,9 +886,9 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 ss[m] = 0.0f;
             }
             MK_UNROLL
-            for (int b = 0; b < MK_SB; ++b) {
+            for (int b = 0; b < MK_SB; ++b) {   // (i0 = 0: the batch holds every item)
                 if (b < NI) {
-                    ss[MK_COL(b)] = mk_sq4(vb[b], ss[MK_COL(b)]);
+                    ss[mb[b]] = mk_sq4(vb[b], ss[mb[b]]);
                 }
             }
             mk_block_sums<MC>(ss, Mc, red);
@@ -882,8 +905,8 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             if (i >= NI) {
                 continue;
             }
-            const int m = MK_COL(i);
-            const int f = t + (i % NJ)*MK_THREADS;
+            const int m = mb[b];
+            const int f = fb[b];
             const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
             float4 v = va[b];
             if (gl) {
@@ -927,10 +950,11 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     // the norm's scale, and the 8-bit rounding of each 32-value group (8 consecutive lanes hold one group;
     // every lane of a warp runs the shuffles)
     if (x.nw || q8) {
+        mk_item it = { 0, t };
 #pragma unroll 1
-        for (int i = 0; i < NI; ++i) {
-            const int m = MK_COL(i);
-            const int f = t + (i % NJ)*MK_THREADS;
+        for (int i = 0; i < NI; ++i, mk_item_next(it, t, fe)) {
+            const int m = MK_COL(it);
+            const int f = it.f;
             const bool ok = f < F;
             float4 * p = (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
             float4 v = ok ? *p : z4;
