@@ -1,6 +1,6 @@
 """`stq-metal bench mtp`: end-to-end speed of MTP speculation through llama-server, megakernel and graph, vs greedy.
 
-One target and its gemma4-assistant; every configuration is a llama-server of its own (all of a level's servers run
+One target and its gemma4-assistant; every configuration is a llama-server of its own (-ngl 99 -fa off -np 1, -c) (all of a level's servers run
 side by side, idle but one; the GPU's memory holds them), asked for the same greedy completions (temperature 0,
 ignore_eos, no probabilities: the server's timings are the decode's own):
   greedy-mk      LLAMA_MEGAKERNEL=1, no speculation (the megakernel's one-token steps)
@@ -11,7 +11,7 @@ ignore_eos, no probabilities: the server's timings are the decode's own):
 Rounds run the configurations in alternating order (AB.., ..BA); per configuration: the median tokens per second
 (generated tokens / timings.predicted_ms summed over the prompts: prompt processing excluded), the drafts accepted
 per drafted token, and the medians of the per-round ratios against greedy-mk and greedy-graph. Lossless check: every
-mk speculative run must give greedy-mk's ids (exit 1 otherwise); a graph speculative run that departs from
+mk speculative run must give greedy-mk's ids, and every mk run the same ids in every round (exit 1 otherwise); a graph speculative run that departs from
 greedy-graph is reported with the first differing token (upstream's verify batches are not batch-invariant).
 
 Acceptance rates (synthetic pairs made by megakernel/synth_gpu.py --noise): --noise Y1,Y2 rescales the target's noise
@@ -59,6 +59,7 @@ class Result:
     ids: list[list[int]] | None = None
     lines: list[str] = field(default_factory=list)
     prof: str = ""
+    unstable: bool = False
 
 
 def configs(assistant: Path, ks: list[int], graph: bool, mk_profile: bool = False) -> list[Cfg]:
@@ -151,6 +152,8 @@ def rounds(a, cfgs: list[Cfg], infos: dict, prompts: list[str], res: dict, n: in
             x.tok_s.append(r["tok_s"])
             x.draft_n += r["draft_n"]
             x.draft_accepted += r["draft_accepted"]
+            if x.ids is not None and r["ids"] != x.ids:
+                x.unstable = True   # the same server, the same prompts, other ids than its first round
             x.ids = x.ids or r["ids"]
             if r["prof"]:
                 x.prof = r["prof"]
@@ -180,6 +183,10 @@ def summarize(cfgs: list[Cfg], res: dict, fails: int) -> tuple[dict, int]:
                "host_profile": x.prof}
         for b, y in base.items():
             row[f"vs_{b}"] = statistics.median(p/q for p, q in zip(x.tok_s, y.tok_s))
+        row["ids_stable_over_rounds"] = not x.unstable
+        if x.unstable:
+            print(f"{'FAIL' if c.env.get('LLAMA_MEGAKERNEL') == '1' else 'note'}: [{c.name}] its rounds gave different ids")
+            fails += c.env.get("LLAMA_MEGAKERNEL") == "1"
         if c.greedy:
             ref = res[c.greedy].ids or []
             same = x.ids == ref

@@ -130,6 +130,29 @@ def test_bench_rounds_alternate_and_ratios_are_paired_medians(monkeypatch, wrong
         assert rows[wrong]["first_diff"] == [2]
     # only the megakernel's speculation is judged lossless; upstream's graph is reported
     assert fails == (1 if wrong == "mtp-k2-mk" else 0)
+    assert all(r["ids_stable_over_rounds"] for r in rows.values())
+
+
+def test_bench_judges_ids_that_change_between_rounds(monkeypatch):
+    cfgs = bench_mtp.configs(Path("a.gguf"), [3], graph=False)
+    fake = _FakeServers({"greedy-mk": [100, 100], "mtp-k3-mk": [150, 150]})
+    calls = {"n": 0}
+    real = fake.measure
+
+    def flaky(info, prompts, n_predict):
+        r = real(info, prompts, n_predict)
+        if info["name"] == "mtp-k3-mk":
+            calls["n"] += 1
+            if calls["n"] == 2:
+                r["ids"] = [[1, 2, 3, 5]]
+        return r
+    monkeypatch.setattr(bench_mtp, "measure", flaky)
+    res = {c.name: bench_mtp.Result() for c in cfgs}
+    fails = bench_mtp.rounds(_args(2), cfgs, {c.name: {"name": c.name} for c in cfgs}, ["p"], res)
+    rows, fails = bench_mtp.summarize(cfgs, res, fails)
+    assert rows["mtp-k3-mk"]["ids_stable_over_rounds"] is False
+    assert rows["mtp-k3-mk"]["ids_equal_greedy"] is True   # (its first round's)
+    assert fails == 1
 
 
 def test_bench_mtp_help_and_argument_errors(capsys, tmp_path):
