@@ -87,7 +87,7 @@ def main() -> int:
         r = spec.run(a.bin, target or a.target, prompts or long_prompts, N_PREDICT, args=[*BASE, *args], env=env, concurrent=concurrent,
                      label=label, timeout=600)
         log = "\n".join(p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0)
-        on = "llama_mk: megakernel on CUDA" in log
+        on = spec.MK_ON_LINE + " CUDA" in log
         print(f"{label}: {r.n_tokens} tokens in {r.seconds:.2f} s, drafts {r.draft_accepted}/{r.draft_n}, "
               f"megakernel {'on' if on else 'OFF'}")
         r.mk_on = on  # type: ignore[attr-defined]
@@ -141,14 +141,14 @@ def main() -> int:
     mtp_assistant = a.mtp_assistant or a.assistant
     one = ["-np", "1", "-fa", "off"]
     greedy_mtp = greedy if mtp_target == a.target else server_run("greedy, MTP target, megakernel", one, mk, target=mtp_target)
-    fused_line = "llama_mk_draft: the fused MTP draft kernel drafts"
+    fused_line = spec.MK_FUSED_LINE
     for k in (1, 2, 3, 4):
         label = f"draft-mtp k={k}, megakernel"
         got = server_run(label, mtp_args(mtp_assistant, k) + one, mk, target=mtp_target)
         unf = server_run(f"draft-mtp k={k}, megakernel, graph drafts", mtp_args(mtp_assistant, k) + one,
                          {**mk, "LLAMA_MEGAKERNEL_DRAFT": "0"}, target=mtp_target)
         ref = server_run(f"draft-mtp k={k}, graph", mtp_args(mtp_assistant, k) + one, {"LLAMA_MEGAKERNEL": "0"}, target=mtp_target)
-        fell = [x for x in got.log.splitlines() if "llama_mk: standard graph for this batch" in x]
+        fell = [x for x in got.log.splitlines() if spec.MK_FALLBACK_LINE in x]
         fused = fused_line in got.log and fused_line not in unf.log
         c = judged_compare(label, greedy_mtp, got)
         if c is None:
