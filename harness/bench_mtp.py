@@ -39,7 +39,7 @@ from .util import HarnessError, atomic_write_bytes
 
 # -lv 4: the llama_mk lines (megakernel on, fused drafts, fallbacks) reach the server's log
 SERVER_ARGS = ["-np", "1", "-ngl", "99", "-fa", "off", "--no-warmup", "-lv", "4"]
-MK_LINES = ("llama_mk: megakernel", "llama_mk_draft:", "llama_mk: standard graph")
+MK_LINES = ("llama_mk: megakernel", "llama_mk_draft:", spec.MK_FALLBACK_LINE)
 PROF_LINE = "llama_mk profile: host"   # --mk-profile: the host's share of the megakernel's one-token steps
 
 
@@ -109,9 +109,9 @@ def measure(info: dict, prompts: list[str], n_predict: int) -> dict:
     ms = sum(g["ms"] for g in gens)
     return {"ids": [g["ids"] for g in gens], "tok_s": 1000.0*n/ms, "draft_n": sum(g["draft_n"] for g in gens),
             "draft_accepted": sum(g["draft_accepted"] for g in gens),
-            "mk_on": "llama_mk: megakernel on" in log,
-            "fused": "llama_mk_draft: the fused MTP draft kernel drafts" in log,
-            "fallback": sum(1 for x in log.splitlines() if "llama_mk: standard graph for this batch" in x),
+            "mk_on": spec.MK_ON_LINE in log,
+            "fused": spec.MK_FUSED_LINE in log,
+            "fallback": sum(1 for x in log.splitlines() if spec.MK_FALLBACK_LINE in x),
             "lines": sorted({x.strip()[:200] for x in log.splitlines() if any(m in x for m in MK_LINES)}),
             "prof": ([x.strip() for x in log.splitlines() if PROF_LINE in x] or [""])[-1]}
 
@@ -254,8 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"k": a.k, "rounds": a.rounds, "n_predict": a.n_predict, "prompts": len(prompts), "ctx": a.ctx,
                      "serial": a.serial, "levels": []}
     set_noise = load_set_noise() if (a.noise or a.accept) else None
+    if set_noise is None:
+        return run_levels(a, [None], prompts, results, set_noise)
+    # the target is rescaled in place (a synthetic file only: set_noise refuses others); it gets its noise back at the end
+    first = set_noise(a.target, None)
+    try:
+        return run_levels(a, list(a.noise or []), prompts, results, set_noise)
+    finally:
+        set_noise(a.target, first)
 
-    levels: list[float | None] = list(a.noise) if a.noise else [None]
+
+def run_levels(a, levels: list, prompts: list[str], results: dict, set_noise) -> int:
     if a.accept:
         probe = configs(a.assistant, [max(a.k)], False)[1]
         seen = []

@@ -97,15 +97,21 @@ NOISE_KEY = "stq_metal.synth.noise"
 NOISE_NORMS = ("post_attention_norm", "post_ffw_norm", "post_norm")
 
 
-def set_noise(path: Path, noise: float) -> float:
-    """Rescale the NOISE_NORMS of a target made with --noise to `noise`, in place; returns the noise it had."""
+def set_noise(path: Path, noise: float | None) -> float:
+    """Rescale the NOISE_NORMS of a target made with --noise to `noise`, in place (None: change nothing); returns the
+    noise it had."""
     import re
     gguf = sg._gguf()
-    reader = gguf.GGUFReader(str(path), "r+")
+    try:
+        reader = gguf.GGUFReader(str(path), "r" if noise is None else "r+")
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"synth_gpu: cannot read {path} as GGUF ({e}); nothing changed") from None
     field = reader.fields.get(NOISE_KEY)
     if field is None:
         raise SystemExit(f"synth_gpu: {path} has no {NOISE_KEY} key (not a target made with --noise); nothing changed")
     old = float(field.parts[field.data[0]][0])
+    if noise is None or noise == old:
+        return old
     pat = re.compile(r"blk\.\d+\.(" + "|".join(NOISE_NORMS) + r")\.weight")
     hits = [t for t in reader.tensors if pat.fullmatch(t.name)]
     if not hits or any(t.tensor_type != gguf.GGMLQuantizationType.F32 for t in hits):
@@ -220,7 +226,7 @@ def main(argv=None) -> int:
         add_q("token_embd.weight", emb, Q8)
         if structured:
             E = emb
-            add_q("output.weight", unit_rows(E[inv]) * 3.0, Q8)
+            add_q("output.weight", unit_rows(E[inv]) * sg.HEAD_SCALE, Q8)
         else:
             add_q("output.weight", rnd(n_vocab, n, 3.0), Q8)
         post = args.noise if structured else 0.5
@@ -259,12 +265,12 @@ def main(argv=None) -> int:
         add_q, add_f = adders(w)
         if structured:
             # x = E[t]*sqrt(n) beside the target's hidden state h: the pre-projection maps x through P (h weakly), so
-            # the tied LM head's rows unit(P E[inv[v]]) * 3 put perm[t] first; the layers add little (post norms 0.1)
+            # the tied LM head's rows unit(P E[inv[v]]) * 3 put perm[t] first; the layers add little (synth_gemma4's constants)
             P = rnd(na, n, 1.0)
-            add_q("token_embd.weight", unit_rows(E[inv] @ P.T) * 3.0, Q8)
+            add_q("token_embd.weight", unit_rows(E[inv] @ P.T) * sg.HEAD_SCALE, Q8)
             add_f("output_norm.weight", np.ones(na, np.float32))
             add_f("rope_freqs.weight", rope_freqs)
-            add_f("nextn.pre_projection.weight", torch.cat([P, rnd(na, n, 0.05)], dim=1), np.float16)
+            add_f("nextn.pre_projection.weight", torch.cat([P, rnd(na, n, sg.H_WEAK)], dim=1), np.float16)
         else:
             add_q("token_embd.weight", rnd(n_vocab, na, 3.0), Q8)
             add_f("output_norm.weight", norm_w(na))
@@ -277,7 +283,7 @@ def main(argv=None) -> int:
             add_f(pre + "attn_norm.weight", norm_w(na))
             add_q(pre + "attn_q.weight", rnd(n_head * d, na, 1.0), Q4)
             add_f(pre + "attn_q_norm.weight", norm_w(d))
-            add_out_ffn(add_q, add_f, pre, na, n_head * d, ff, 0.1 if structured else 0.5)
+            add_out_ffn(add_q, add_f, pre, na, n_head * d, ff, sg.ASSISTANT_POST if structured else 0.5)
             add_f(pre + "layer_output_scale.weight", np.ones(1, np.float32))
 
     write(args.out, "gemma4", fill_target)

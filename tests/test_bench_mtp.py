@@ -57,6 +57,7 @@ def test_set_noise_rescales_only_the_post_norms(tmp_path):
         np.testing.assert_allclose(got[k], v * 4.0, rtol=1e-6)
     for k, v in others.items():
         assert np.array_equal(got[k], v), k
+    assert sg.set_noise(p, None) == 6.0   # (reads only)
     sg.set_noise(p, 1.5)   # and back
     noise, got = _read(p)
     assert noise == 1.5
@@ -72,6 +73,11 @@ def test_set_noise_refuses_a_file_without_the_key_and_leaves_it(tmp_path):
     with pytest.raises(SystemExit, match="stq_metal.synth.noise"):
         sg.set_noise(p, 2.0)
     assert p.read_bytes() == before
+    bad = tmp_path / "not.gguf"
+    bad.write_bytes(b"not a gguf file at all" * 4)
+    with pytest.raises(SystemExit, match="not.gguf"):
+        sg.set_noise(bad, 2.0)
+    assert bad.read_bytes() == b"not a gguf file at all" * 4
 
 
 class _FakeServers:
@@ -169,3 +175,24 @@ def test_bench_mtp_help_and_argument_errors(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         bench_mtp.main(["--bin", str(tmp_path), "--target", "t", "--assistant", "a"])
     assert "no such file" in capsys.readouterr().err
+
+
+def test_bench_gives_the_target_its_noise_back(monkeypatch, tmp_path):
+    """--noise rescales the (synthetic) target in place; after the bench, even a failing one, it has its first noise."""
+    calls = []
+
+    def fake_set_noise(path, y):
+        calls.append(y)
+        return 1.0
+    monkeypatch.setattr(bench_mtp, "load_set_noise", lambda: fake_set_noise)
+
+    def boom(a, levels, prompts, results, set_noise):
+        set_noise(a.target, levels[0])
+        raise RuntimeError("a server failed")
+    monkeypatch.setattr(bench_mtp, "run_levels", boom)
+    for name in ("llama-server", "t.gguf", "a.gguf"):
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(RuntimeError):
+        bench_mtp.main(["--bin", str(tmp_path), "--target", str(tmp_path / "t.gguf"), "--assistant",
+                        str(tmp_path / "a.gguf"), "--noise", "40,48"])
+    assert calls == [None, 40.0, 1.0]
