@@ -36,6 +36,12 @@ except ImportError:  # run as a script: python harness/synth_gemma4.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from harness import config
 
+# the structured pair (also megakernel/synth_gpu.py --noise): LM head rows unit(...) * HEAD_SCALE, the assistant's weak
+# weight of the target's hidden state, its layers' post norms (they add little to its residual stream)
+HEAD_SCALE     = 3.0
+H_WEAK         = 0.05
+ASSISTANT_POST = 0.1
+
 TARGET_NAME = "gemma4-synth-target.gguf"
 ASSISTANT_NAME = "gemma4-synth-assistant.gguf"
 GENERATOR_VERSION = 1  # bump when the weights or metadata change
@@ -207,7 +213,7 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
     inv = np.empty_like(perm)
     inv[perm] = np.arange(n_vocab)
     # LM head: row v = unit(E[inv[v]]) * 3, so that argmax <row, h ~ E[t]> = perm[t] (logits within the softcap)
-    O = _unit_rows(E[inv]) * 3.0
+    O = _unit_rows(E[inv]) * HEAD_SCALE
 
     def hd(c: str) -> int:
         return p.head_dim_swa if c == "S" else p.head_dim_global
@@ -281,8 +287,8 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
         # the assistant sees x = E[t] * sqrt(n_embd) concatenated with the target's hidden state h;
         # pre_projection maps x through P (and h weakly), its LM head rows are unit(P E[inv[v]])
         P = mat(na, p.n_embd)
-        pre_proj = np.concatenate([P, mat(na, p.n_embd, 0.05) * (p.h_gain / 0.05 if p.h_gain else 1.0)], axis=1)
-        A = _unit_rows(E[inv] @ P.T) * 3.0
+        pre_proj = np.concatenate([P, mat(na, p.n_embd, H_WEAK) * (p.h_gain / H_WEAK if p.h_gain else 1.0)], axis=1)
+        A = _unit_rows(E[inv] @ P.T) * HEAD_SCALE
         t.add("token_embd.weight", A, "Q8_0")
         t.add("output_norm.weight", np.ones(na, np.float32))
         t.add("rope_freqs.weight", rope_freqs)
@@ -295,12 +301,12 @@ def generate(out_dir: Path, tokenizer_gguf: Path, p: SynthParams = SynthParams()
             t.add(pre + "attn_q.weight", mat(p.n_head * d, na), p.matrix_type)
             t.add(pre + "attn_q_norm.weight", norm_w(d, 1.0))
             t.add(pre + "attn_output.weight", mat(na, p.n_head * d), p.matrix_type)
-            t.add(pre + "post_attention_norm.weight", norm_w(na, 0.1))
+            t.add(pre + "post_attention_norm.weight", norm_w(na, ASSISTANT_POST))
             t.add(pre + "ffn_norm.weight", norm_w(na, 1.0))
             t.add(pre + "ffn_gate.weight", mat(p.n_ff, na), p.matrix_type)
             t.add(pre + "ffn_up.weight", mat(p.n_ff, na), p.matrix_type)
             t.add(pre + "ffn_down.weight", mat(na, p.n_ff), p.matrix_type)
-            t.add(pre + "post_ffw_norm.weight", norm_w(na, 0.1))
+            t.add(pre + "post_ffw_norm.weight", norm_w(na, ASSISTANT_POST))
             t.add(pre + "layer_output_scale.weight", np.ones(1, np.float32))
 
     _write_atomic(lambda path: gguf.GGUFWriter(str(path), arch_t), target, fill_target)
