@@ -137,6 +137,10 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_EMBD_BLOCK0       0x20000 // (before) a fused draft step's token embedding row decoded by the first threads of
                                               // block 0 into global memory and scaled there, not one group per thread of every
                                               // block in registers
+#define GGML_MK_VAR_ONE_GROUP         0x40000 // (before) attention in one group per (token, head): one block takes all its chunks and
+                                              // combines them in chunk order, no groups of MK_ATT_GROUP chunks (the same bits
+                                              // only while a step's chunks lie in one group: the groups' combine rounds
+                                              // differently; not with GGML_MK_VAR_FOLD_HEADS, whose blocks keep the groups)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

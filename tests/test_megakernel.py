@@ -120,10 +120,15 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # step whose columns do not fit at once), against the default kernel bitwise
 # 0x10000: GGML_MK_VAR_ROW_TILES (one row per weight tile): the default packs the model's short Q4_0/Q8_0 rows several
 # to a tile (the LM head's 300 rows end in a part-filled tile), each row's sum must keep its bits
+# 0x1000: GGML_MK_VAR_DEVICE_ATT against the default bitwise: the device-wide way's combine per group, then across groups
+# (group results written over chunk slots already read), must round as the block-per-(token, head, group) way's
+# 0x40000: GGML_MK_VAR_ONE_GROUP (the attention before its groups: one block per (token, head), all chunks in one combine):
+# lossless on its own, and other bits than the default's (test_attention_groups_change_the_arithmetic)
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
-            "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"]}
+            "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"],
+            "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -145,11 +150,30 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
         assert packed.group(1) == "0", f"GGML_MK_VAR_ROW_TILES still packs rows: {packed.group(0)}"
         assert re.search(r"^default kernel: [1-9]\d* of \d+ mat-vec jobs in tiles of several rows \(up to ([2-9]|\d\d)\)", r.stdout, re.M), \
             "the default kernel packed no rows: the bitwise comparison tests nothing\n" + r.stdout
-    if variant.startswith("0x4000"):
+    if variant.startswith("0x4000") and variant != "0x40000":
         fold = re.search(r"^heads folded into the attention: (\d+) of (\d+) layer steps", r.stdout, re.M)
         assert fold, r.stdout
         n, of = int(fold.group(1)), int(fold.group(2))
         assert (0 < n < of) if "--smem" not in args else n == of, f"the fold ran in {n} of {of} layer steps"
+
+
+def _emu_digest(kernel_emu, *args) -> tuple[str, str]:
+    r = subprocess.run([str(kernel_emu), *args], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    m = re.search(r"^digest of every step's logits and hidden rows: (\w+)", r.stdout, re.M)
+    assert m, r.stdout
+    return m.group(1), r.stdout
+
+
+# the attention's groups (MK_ATT_GROUP, 3 chunks in the emulation) are at work: a step's list spans several of them, and
+# combining per group then across groups rounds otherwise than one combine over all chunks (GGML_MK_VAR_ONE_GROUP);
+# with a group as large as the whole list the two would be the same bits, and the runs above could not tell
+def test_attention_groups_change_the_arithmetic(kernel_emu):
+    d_groups, out = _emu_digest(kernel_emu)
+    g = re.search(r"^attention groups \((\d+) chunks of (\d+) cells each\) in a step's list: up to (\d+)", out, re.M)
+    assert g and int(g.group(3)) >= 3, "the emulation's steps never spanned several attention groups:\n" + out
+    d_one, _ = _emu_digest(kernel_emu, "--variant", "0x40000")
+    assert d_groups != d_one, f"groups and one group gave the same bits (digest {d_groups}): the groups' combine did not run"
 
 
 def test_cuda_kernel_on_host_without_grid_barriers_fails(kernel_emu):

@@ -45,6 +45,15 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 // attention chunks per cache of a step at most (ggml_mk_att_chunk keeps a context within 1024 chunks)
 #define MK_CH_MAX 1024
 
+// attention groups: chunk ch belongs to group ch / MK_ATT_GROUP (its number, not its place in a step's list, so a token's
+// groups are the same in every step); a group's chunks are combined in chunk order, then the groups in group order. One
+// block takes a (token, head, group): its warps one chunk each (MK_ATT_GROUP = MK_WARPS: one round) (tests build the host
+// emulation with small groups, so that several groups meet within its short context)
+#ifndef MK_ATT_GROUP
+#define MK_ATT_GROUP 16
+#endif
+#define MK_GRP_MAX (MK_CH_MAX/MK_ATT_GROUP + 2)
+
 // the per-step data on the device (uploaded with the masks and embedding rows in one copy)
 struct mk_dstep {
     int32_t n_tokens;
@@ -55,6 +64,9 @@ struct mk_dstep {
     // others hold nothing for any token, and skipping them changes no bit of the result
     int32_t  n_ch[GGML_MK_N_CACHES];
     uint16_t ch[GGML_MK_N_CACHES][MK_CH_MAX];
+    // the list's groups (MK_ATT_GROUP): group g is list entries grp[g] .. grp[g + 1] - 1
+    int32_t  n_grp[GGML_MK_N_CACHES];
+    uint16_t grp[GGML_MK_N_CACHES][MK_GRP_MAX];
     ggml_mk_kv_view kv[GGML_MK_MAX_LAYERS];
 };
 
@@ -85,6 +97,14 @@ static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int
             ds.ch[c][n++] = 0;
         }
         ds.n_ch[c] = n;
+        int g = 0;
+        for (int k = 0; k < n; ++k) {
+            if (k == 0 || ds.ch[c][k]/MK_ATT_GROUP != ds.ch[c][k - 1]/MK_ATT_GROUP) {
+                ds.grp[c][g++] = (uint16_t) k;
+            }
+        }
+        ds.grp[c][g] = (uint16_t) n;
+        ds.n_grp[c] = g;
     }
 }
 
@@ -1479,8 +1499,8 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
 // the attention with the heads phase folded in (GGML_MK_VAR_FOLD_HEADS): a block's area for a (token, head) at the start
 // of the staged-inputs region, in floats: q: its Q (normed, roped, times q_scale); red: the norms' scratch; jobs (ints):
 // mk_head_vecs's K and V jobs of the step's tokens; slots: the chunks' partial results, before them the head vectors'
-// scratch (max of both). fits: the staged-inputs region holds it (a step's sizes alone: the same answer in every block;
-// else the layer keeps its heads phase)
+// scratch (max of both; the slots of one attention group: nch, the step's chunk list, or MK_ATT_GROUP if fewer). fits: the
+// staged-inputs region holds it (a step's sizes alone: the same answer in every block; else the layer keeps its heads phase)
 struct mk_fold {
     int q, red, jobs, slots, fits;
 };
@@ -1494,6 +1514,7 @@ MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max
     f.jobs  = f.red + nv*hd/WARP_SIZE;
     f.slots = (f.jobs + 2*nkv + 3)/4*4;   // (16-byte aligned)
     const int ps   = 4 + max_head_dim;
+    nch = nch < MK_ATT_GROUP ? nch : MK_ATT_GROUP;   // (a block holds one group's chunks)
     const int need = nch*ps > nv*hd ? nch*ps : nv*hd;
     f.fits = (f.slots + need)*(int) sizeof(float) <= bytes;
     return f;
@@ -1502,11 +1523,13 @@ MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max
 // ---------------------------------------------------------------------------------------------
 // attention, split over the cells: one warp per (token, head, chunk of att_chunk cells counted from
 // cell 0), online softmax over the chunk's visible cells CPI at a time; the chunks' partial results are
-// combined in chunk order. Where the step's chunk list fits in a block's shared memory, one block takes a
-// (token, head) and combines in shared memory; else the chunks spread over the whole grid and the warp that
-// finishes a (token, head) last combines. Chunk bounds and order are fixed by the cell numbers alone, so a
-// token's result does not depend on the step's n_kv or M, nor on which way ran; only the chunks with a
-// cell some token of the step sees run (the step's list), the rest would add nothing.
+// combined in chunk order within their group (MK_ATT_GROUP chunks), the groups' in group order. Where a group's
+// chunks fit in a block's shared memory, one block takes a (token, head, group) and combines in shared memory;
+// else the chunks spread over the whole grid and the warp that finishes a (token, head) last combines. Chunk
+// and group bounds and order are fixed by the cell numbers alone, so a token's result does not depend on the
+// step's n_kv or M, nor on which way ran; only the chunks with a cell some token of the step sees run (the
+// step's list), the rest would add nothing (nor would a group none of whose cells the token sees: empty
+// results are skipped, and one non-empty group's result passes the groups' combine unchanged: weight exp(0) = 1).
 // Lanes own dimension pairs d = 2*lane + 64*i (+1), i < NP.
 
 MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u & 0xffff))); }
@@ -1726,20 +1749,18 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             }
         }
     };
-    // (token, head) mh's nch partial results at part, combined in chunk order into a.att; the chunk headers are read
-    // one per lane; then every chunk's loads are issued unconditionally (4 chunks in flight) and only the arithmetic
-    // skips empty chunks, so the result does not depend on how many empty chunks follow. The partial results are
-    // in global memory (SH false: loads through L2) or in this block's shared memory (SH true)
-    auto combine = [&](int mh, const float * part, auto sh) {
+    // the n partial results at part (a group's chunks, or a (token, head)'s groups), combined in their order: their
+    // max gm, sum gl and weighted V sum (a0, a1); the headers are read one per lane; then every entry's loads are
+    // issued unconditionally (4 in flight) and only the arithmetic skips empty entries, so the result does not depend
+    // on how many empty entries follow. The partial results are in global memory (SH false: loads through L2) or in
+    // this block's shared memory (SH true)
+    auto combine = [&](const float * part, int n, auto sh, float & gm, float & gl, float (&a0)[NP], float (&a1)[NP]) {
         constexpr bool SH = decltype(sh)::value;
 #define MK_LD(p) mk_ld_part<SH>(p)
-        const int m = mh / L.n_head;
-        const int h = mh % L.n_head;
-        float a0[NP], a1[NP];
-        float gm = -INFINITY;
-        for (int k0 = 0; k0 < nch; k0 += WARP_SIZE) {
+        gm = -INFINITY;
+        for (int k0 = 0; k0 < n; k0 += WARP_SIZE) {
             const int k = k0 + lane;
-            if (k < nch) {
+            if (k < n) {
                 const float lk = MK_LD(part + (size_t) k*PS + 1);
                 const float mk = MK_LD(part + (size_t) k*PS);
                 if (lk > 0.0f) {
@@ -1751,14 +1772,14 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         for (int o = WARP_SIZE/2; o > 0; o >>= 1) {
             gm = fmaxf(gm, __shfl_xor_sync(0xffffffff, gm, o));
         }
-        float gl = 0.0f;
+        gl = 0.0f;
 #pragma unroll
         for (int i = 0; i < NP; ++i) {
             a0[i] = 0.0f;
             a1[i] = 0.0f;
         }
 #pragma unroll 4
-        for (int k = 0; k < nch; ++k) {
+        for (int k = 0; k < n; ++k) {
             const float * Pk = part + (size_t) k*PS;
             const float lk = MK_LD(Pk + 1);
             const float mk = MK_LD(Pk);
@@ -1779,6 +1800,12 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 a1[i] = fmaf(w, c1[i], a1[i]);
             }
         }
+#undef MK_LD
+    };
+    // (token, head) mh's output: the combined sums normalised, into a.att
+    auto finish = [&](int mh, float gl, const float (&a0)[NP], const float (&a1)[NP]) {
+        const int m = mh / L.n_head;
+        const int h = mh % L.n_head;
         float * out = a.att + (size_t) m*a.m->max_q + h*hd;
         const float inv = gl > 0.0f ? 1.0f/gl : 0.0f;
 #pragma unroll
@@ -1788,19 +1815,48 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 out[2*lane + 64*i + 1] = a1[i]*inv;
             }
         }
-#undef MK_LD
     };
+    // the last of a (token, head)'s ng group results in (partial results at part, in global memory) combines them in
+    // group order into its output and resets the counter: one warp; true for the warp that did
+    auto last_group = [&](int mh, const float * part, int ng) {
+        __threadfence();
+        __syncwarp();
+        unsigned done = 0;
+        if (lane == 0) {
+            done = atomicAdd(a.att_cnt + mh, 1u);
+        }
+        done = __shfl_sync(0xffffffff, done, 0);
+        if (done != (unsigned) ng - 1) {
+            return;
+        }
+        __threadfence();
+        float gm, gl, a0[NP], a1[NP];
+        combine(part, ng, mk_bool<false>(), gm, gl, a0, a1);
+        finish(mh, gl, a0, a1);
+        if (lane == 0) {
+            atomicExch(a.att_cnt + mh, 0u);
+        }
+    };
+    // the groups (GGML_MK_VAR_ONE_GROUP: the whole list as one, the attention before the groups)
+    const bool one_group = !FOLD && (a.m->debug_flags & GGML_MK_VAR_ONE_GROUP);
+    const uint16_t grp1[2] = { 0, (uint16_t) nch };
+    const int ng = one_group ? 1 : st.n_grp[cache];
+    const uint16_t * grp = one_group ? grp1 : st.grp[cache];
 
     if constexpr (BLK) {
-        // one block per (token, head), its warps take the chunks, the partial results stay in the block's shared
-        // memory (the staged-inputs region, free between mat-vecs) and warp 0 combines them: no device-wide fence, no
-        // counter, no L2 round trips for the partial results. The same chunk and combine arithmetic as the device-wide
-        // way, so the same bits (measured 1.024x the device-wide way on E4B, bitwise equal; NOTES.md, session 7)
-        if (FOLD ? !F.fits : nch > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
+        // one block per (token, head, group), its warps take the group's chunks, their partial results stay in the
+        // block's shared memory (the staged-inputs region, free between mat-vecs) and warp 0 combines them: no L2
+        // round trips for the chunks' results. One group: that is the (token, head)'s output; several: each block
+        // writes its group's result to global memory and the last of them combines those (last_group). The same
+        // chunk and combine arithmetic as the device-wide way, so the same bits
+        const int gmax = nch < MK_ATT_GROUP || one_group ? nch : MK_ATT_GROUP;
+        if (FOLD ? !F.fits : gmax > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
             return false;
         }
         const int wb = threadIdx.x / WARP_SIZE;
-        for (int mh = blockIdx.x; mh < M*L.n_head; mh += gridDim.x) {
+        for (int u = blockIdx.x; u < M*L.n_head*ng; u += gridDim.x) {
+            const int mh = u / ng;   // (a (token, head)'s groups go to consecutive blocks)
+            const int g  = u - mh*ng;
             if constexpr (FOLD) {
                 const int m   = mh / L.n_head;
                 const int h   = mh % L.n_head;
@@ -1824,16 +1880,26 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 }
                 __syncthreads();   // (the block's cache writes before its chunks read them back, through L2 as all cells)
             }
-            for (int ck = wb; ck < nch; ck += MK_WARPS) {
+            const int k0 = grp[g];
+            const int k1 = grp[g + 1];
+            for (int ck = k0 + wb; ck < k1; ck += MK_WARPS) {
                 float mx, l, a0[NP], a1[NP];
                 chunk(mh, ck, mx, l, a0, a1);
-                put(slots + (size_t) ck*PS, mx, l, a0, a1);
+                put(slots + (size_t) (ck - k0)*PS, mx, l, a0, a1);
             }
             __syncthreads();
             if (wb == 0) {
-                combine(mh, slots, mk_bool<true>());
+                float gm, gl, a0[NP], a1[NP];
+                combine(slots, k1 - k0, mk_bool<true>(), gm, gl, a0, a1);
+                if (ng == 1) {
+                    finish(mh, gl, a0, a1);
+                } else {
+                    float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
+                    put(part + (size_t) g*PS, gm, gl, a0, a1);
+                    last_group(mh, part, ng);
+                }
             }
-            __syncthreads();   // the slots are rewritten for the next (token, head)
+            __syncthreads();   // the slots are rewritten for the next unit
         }
         return true;
     }
@@ -1857,9 +1923,21 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         if (done != (unsigned) nch - 1) {
             continue;
         }
-        // the last chunk of (m, h): combine all of them in chunk order
+        // the last chunk of (m, h): each group's chunks combined in chunk order (a group's result written over a slot
+        // already read: slot g <= grp[g]), then the groups in group order, as the block-per-(token, head, group) way
         __threadfence();
-        combine(mh, part, mk_bool<false>());
+        float gm, gl;   // (a0, a1: this chunk's, put above, now the sums)
+        if (ng > 1) {
+            for (int g = 0; g < ng; ++g) {
+                combine(part + (size_t) grp[g]*PS, grp[g + 1] - grp[g], mk_bool<false>(), gm, gl, a0, a1);
+                __syncwarp();
+                put(part + (size_t) g*PS, gm, gl, a0, a1);
+                __threadfence();
+                __syncwarp();
+            }
+        }
+        combine(part, ng > 1 ? ng : nch, mk_bool<false>(), gm, gl, a0, a1);
+        finish(mh, gl, a0, a1);
         if (lane == 0) {
             atomicExch(a.att_cnt + mh, 0u);
         }

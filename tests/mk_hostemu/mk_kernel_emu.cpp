@@ -19,6 +19,9 @@
 #include "ggml-common.h"
 
 #include "cuda_emu.h"
+// attention groups of 3 chunks (the GPU's: 16): the model's 32 cells in chunks of 4 (mk_ref.h) span 3 groups, so a step's
+// attention combines several groups' results, some of them empty for some tokens (the sliding window)
+#define MK_ATT_GROUP 3
 #include "mk-kernel.cuh"
 
 #include "mk_ref.h"
@@ -76,7 +79,7 @@ int main(int argc, char ** argv) {
     for (auto & set : kvs) {
         for (int i = 0; i < 4; ++i) set[i].assign(kv_elems[i], half{0});
     }
-    int n_fold = 0, n_layer_steps = 0, n_cmp = 0, n_cmp_diff = 0;
+    int n_fold = 0, n_layer_steps = 0, n_cmp = 0, n_cmp_diff = 0, grp_max = 0;
 
     // scratch for the emulated kernel
     const int n_chunk = kv_size/M_.att_chunk + 1;
@@ -102,6 +105,7 @@ int main(int argc, char ** argv) {
         for (int il = 0; il < n_layer; ++il) ds.kv[il] = mm.view(il, K0.data(), V0.data(), K1.data(), V1.data());
         const float * masks[2] = { mask0.data(), mask1.data() };
         mk_step_chunks(ds, masks, M, M_.att_chunk, (M_.debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0);
+        grp_max = std::max({ grp_max, ds.n_grp[0], ds.n_grp[1] });
         mk_args a = {};
         a.m = &M_; a.st = &ds; a.mask[0] = mask0.data(); a.mask[1] = mask1.data();
         a.embd = &mm.E[(size_t) p0*n_embd]; a.pl_embd = &mm.PE[(size_t) p0*n_pl*n_layer];
@@ -190,6 +194,7 @@ int main(int argc, char ** argv) {
     if (variant & GGML_MK_VAR_FOLD_HEADS) {
         printf("heads folded into the attention: %d of %d layer steps (the others kept the heads phase)\n", n_fold, n_layer_steps);
     }
+    printf("attention groups (%d chunks of %d cells each) in a step's list: up to %d\n", MK_ATT_GROUP, M_.att_chunk, grp_max);
     printf("digest of every step's logits and hidden rows: %016llx\n", (unsigned long long) digest);
     if (vs_default) {
         printf("%s variant 0x%x == default kernel bitwise (logits, hidden rows, KV caches): %d of %d steps differ\n",
