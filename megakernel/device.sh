@@ -7,7 +7,8 @@
 # There: run(command="bash megakernel/device.sh STAGES", carry=[".dev"])
 #   stages, in order: check (nvcc syntax check of mk.cu and mk-draft.cu, stops early on errors), build, models, test,
 #   draft (the fused MTP draft kernel vs llama.cpp's assistant graph: test-mk-draft --fused on the pairs of
-#   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch, per step size M; MK_PROF=2: also every block's barrier arrivals; MK_PROF_ARGS: more test-mk options, e.g. "--rounds 2 --verify-cost" for verify steps of M = 2..5; MK_PROF_LINES: profile lines shown, default 40), server (llama-server speculative == greedy), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
+#   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch, per step size M; MK_PROF=2: also every block's barrier arrivals; MK_PROF_ARGS: more test-mk options, e.g. "--rounds 2 --verify-cost" for verify steps of M = 2..5; MK_PROF_LINES: profile lines shown, default 40), server (llama-server speculative == greedy), ctx (by context length: checks at a long prompt, tok/s at tg 32..1024
+#   vs the graph and MK_CTX_VARIANT), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), ncuv (one verify launch
 #   of MK_NCU_M tokens, default 4: sections + SASS samples; not yet run on a GPU), e2e (MTP speculation end to end
 #   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize. Logs and results under $OUT (every stage tees its full output there).
@@ -257,6 +258,39 @@ stage_e2e() {
         ${MK_E2E_ARGS:---k 2,3 --rounds 2 -n 128 --accept 0.75,0.5,0.25 --noise-grid 24,32,40,48,56,64,80} \
         --json "$OUT/e2e-$(date +%H%M%S).json") 2>&1 | tee -a "$OUT/e2e.log" | grep -v "^\[stq-metal\]"
     return "${PIPESTATUS[0]}"
+}
+
+# the megakernel by context length (attention groups, GGML_MK_VAR_ONE_GROUP): checks at a long prompt (verify == decode
+# bitwise across several attention groups), then greedy tok/s of the megakernel, the graph and variant MK_CTX_VARIANT
+# (default 0x40000: one group, the attention before the groups) for each tg length of MK_CTX_BENCH (default
+# "32 256 1024") after the short default prompt, and MK_CTX_LONG_N tokens after the long prompt; MK_CTX_PROF=1 (or 2): also
+# the per-phase profile after the long prompt, default and variant; on the last model of MK_MODELS
+stage_ctx() {
+    local m long
+    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    long=$(python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the old river bank.']*24))")
+    log "ctx: checks at a long prompt (~390 tokens) on $m"
+    "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$long" -n 16 --rounds 0 -c 4096 --max-nmse 10 --max-disagree 1000 2>&1 |
+        tee -a "$OUT/ctx.log" | grep -E "verify ==|NMSE|greedy|hidden states, verify|FAIL"
+    local bn v=${MK_CTX_VARIANT:-0x40000}
+    for bn in ${MK_CTX_BENCH:-32 256 1024}; do
+        log "ctx: greedy tg$bn, megakernel vs graph vs variant $v"
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 4 --rounds 2 --bench-n "$bn" -c 4096 --max-nmse 10 --max-disagree 1000 \
+            --variant "$v" 2>&1 | tee -a "$OUT/ctx.log" | grep -E "^speed|^variant"
+    done
+    log "ctx: greedy tg${MK_CTX_LONG_N:-512} after the long prompt (the variant's bits may differ there: other groups)"
+    "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$long" -n 4 --rounds 2 --bench-n "${MK_CTX_LONG_N:-512}" -c 4096 \
+        --max-nmse 10 --max-disagree 1000 --variant "$v" 2>&1 | tee -a "$OUT/ctx.log" | grep -E "^speed|^variant"
+    if [ -n "${MK_CTX_PROF:-}" ]; then   # the per-phase profile after the long prompt, the default kernel and the variant
+        local pv
+        for pv in 0 "$v"; do
+            log "ctx: per-phase profile after the long prompt, tg256, variant $pv"
+            LLAMA_MEGAKERNEL_VARIANT=$pv LLAMA_MEGAKERNEL_PROFILE=$MK_CTX_PROF "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$long" \
+                -n 4 --rounds 1 --bench-n 256 -c 4096 --max-nmse 10 --max-disagree 1000 2>&1 | tee -a "$OUT/ctx-prof.log" |
+                grep -E "llama_mk (grid )?profile" | grep -E "token:|M=1 "
+        done
+    fi
+    return 0
 }
 
 # llama-server with the megakernel: speculative (draft-simple k = 1..4, -np 2, draft-mtp k = 1..4) == greedy
