@@ -1816,8 +1816,8 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             }
         }
     };
-    // the last of a (token, head)'s ng group results in (partial results at part, in global memory) combines them in
-    // group order into its output and resets the counter: one warp; true for the warp that did
+    // after a block's group result went to part (global memory): the warp whose result is the (token, head)'s last of
+    // ng combines them all in group order into its output and resets the counter (one warp; the others return)
     auto last_group = [&](int mh, const float * part, int ng) {
         __threadfence();
         __syncwarp();
