@@ -1816,9 +1816,9 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             }
         }
     };
-    // after a block's group result went to part (global memory): the warp whose result is the (token, head)'s last of
-    // ng combines them all in group order into its output and resets the counter (one warp; the others return)
-    auto last_group = [&](int mh, const float * part, int ng) {
+    // after the warp wrote a partial result of (token, head) mh to global memory: counts it; true for the warp whose
+    // result was the last of n (it then sees all of them; it combines them and resets the counter: mh_done)
+    auto arrive_last = [&](int mh, int n) {
         __threadfence();
         __syncwarp();
         unsigned done = 0;
@@ -1826,13 +1826,13 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             done = atomicAdd(a.att_cnt + mh, 1u);
         }
         done = __shfl_sync(0xffffffff, done, 0);
-        if (done != (unsigned) ng - 1) {
-            return;
+        if (done != (unsigned) n - 1) {
+            return false;
         }
         __threadfence();
-        float gm, gl, a0[NP], a1[NP];
-        combine(part, ng, mk_bool<false>(), gm, gl, a0, a1);
-        finish(mh, gl, a0, a1);
+        return true;
+    };
+    auto mh_done = [&](int mh) {
         if (lane == 0) {
             atomicExch(a.att_cnt + mh, 0u);
         }
@@ -1847,7 +1847,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         // one block per (token, head, group), its warps take the group's chunks, their partial results stay in the
         // block's shared memory (the staged-inputs region, free between mat-vecs) and warp 0 combines them: no L2
         // round trips for the chunks' results. One group: that is the (token, head)'s output; several: each block
-        // writes its group's result to global memory and the last of them combines those (last_group). The same
+        // writes its group's result to global memory and the last of them combines those (arrive_last). The same
         // chunk and combine arithmetic as the device-wide way, so the same bits
         const int gmax = nch < MK_ATT_GROUP || one_group ? nch : MK_ATT_GROUP;
         if (FOLD ? !F.fits : gmax > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
@@ -1894,9 +1894,14 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 if (ng == 1) {
                     finish(mh, gl, a0, a1);
                 } else {
+                    // the group's result to global memory; the last of the (token, head)'s combines them in group order
                     float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
                     put(part + (size_t) g*PS, gm, gl, a0, a1);
-                    last_group(mh, part, ng);
+                    if (arrive_last(mh, ng)) {
+                        combine(part, ng, mk_bool<false>(), gm, gl, a0, a1);
+                        finish(mh, gl, a0, a1);
+                        mh_done(mh);
+                    }
                 }
             }
             __syncthreads();   // the slots are rewritten for the next unit
@@ -1913,19 +1918,11 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         // this chunk's partial result, then the (token, head)'s chunk count
         float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
         put(part + (size_t) ck*PS, mx, l, a0, a1);
-        __threadfence();
-        __syncwarp();
-        unsigned done = 0;
-        if (lane == 0) {
-            done = atomicAdd(a.att_cnt + mh, 1u);
-        }
-        done = __shfl_sync(0xffffffff, done, 0);
-        if (done != (unsigned) nch - 1) {
+        if (!arrive_last(mh, nch)) {
             continue;
         }
         // the last chunk of (m, h): each group's chunks combined in chunk order (a group's result written over a slot
         // already read: slot g <= grp[g]), then the groups in group order, as the block-per-(token, head, group) way
-        __threadfence();
         float gm, gl;   // (a0, a1: this chunk's, put above, now the sums)
         if (ng > 1) {
             for (int g = 0; g < ng; ++g) {
@@ -1938,9 +1935,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         }
         combine(part, ng > 1 ? ng : nch, mk_bool<false>(), gm, gl, a0, a1);
         finish(mh, gl, a0, a1);
-        if (lane == 0) {
-            atomicExch(a.att_cnt + mh, 0u);
-        }
+        mh_done(mh);
     }
     return true;
 }
