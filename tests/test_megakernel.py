@@ -165,13 +165,13 @@ def _emu_digest(kernel_emu, *args) -> tuple[str, str]:
     return m.group(1), r.stdout
 
 
-# the attention's groups (MK_ATT_GROUP, 3 chunks in the emulation) are at work: a step's list spans several of them, and
+# the attention's groups (MK_ATT_GROUP, 3 chunks in the emulation) are at work: a step's list spans two of them, and
 # combining per group then across groups rounds otherwise than one combine over all chunks (GGML_MK_VAR_ONE_GROUP);
 # with a group as large as the whole list the two would be the same bits, and the runs above could not tell
 def test_attention_groups_change_the_arithmetic(kernel_emu):
     d_groups, out = _emu_digest(kernel_emu)
     g = re.search(r"^attention groups \((\d+) chunks of (\d+) cells each\) in a step's list: up to (\d+)", out, re.M)
-    assert g and int(g.group(3)) >= 3, "the emulation's steps never spanned several attention groups:\n" + out
+    assert g and int(g.group(3)) >= 2, "the emulation's steps never spanned several attention groups:\n" + out
     d_one, _ = _emu_digest(kernel_emu, "--variant", "0x40000")
     assert d_groups != d_one, f"groups and one group gave the same bits (digest {d_groups}): the groups' combine did not run"
 

@@ -19,7 +19,7 @@
 #include "ggml-common.h"
 
 #include "cuda_emu.h"
-// attention groups of 3 chunks (the GPU's: 16): the model's 32 cells in chunks of 4 (mk_ref.h) span 3 groups, so a step's
+// attention groups of 3 chunks (the GPU's: 16): the steps' cells (positions 0..17, chunks of 4: mk_ref.h) span 2 groups, so a step's
 // attention combines several groups' results, some of them empty for some tokens (the sliding window)
 #define MK_ATT_GROUP 3
 #include "mk-kernel.cuh"
