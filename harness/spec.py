@@ -23,14 +23,14 @@ from pathlib import Path
 
 from . import server
 
-# one thread: on a busy 2-core machine a 2-thread pool stalls at every barrier; the results do not
-# depend on the thread count
 # llama-server's log lines of the megakernel (patch 0050, megakernel/llama-mk.cpp; visible at -lv 4) that the speculative
 # checks and benches read
 MK_ON_LINE       = "llama_mk: megakernel on"                            # (then the device: CUDA0, MTL0, ...)
 MK_FALLBACK_LINE = "llama_mk: standard graph for this batch"
 MK_FUSED_LINE    = "llama_mk_draft: the fused MTP draft kernel drafts"
 
+# one thread: on a busy 2-core machine a 2-thread pool stalls at every barrier; the results do not
+# depend on the thread count
 DEFAULT_ARGS = ["-c", "4096", "-np", "1", "-t", "1", "--no-warmup"]
 
 # n-gram drafting from the context: look up the last 3 tokens, propose up to 8 (the defaults, 12 and
