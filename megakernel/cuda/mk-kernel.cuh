@@ -54,6 +54,9 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 #endif
 #define MK_GRP_MAX (MK_CH_MAX/MK_ATT_GROUP + 2)
 
+// the chunk slots one block holds for a step whose chunk list has nch entries: one group's at most
+#define MK_GRP_SLOTS(nch) ((nch) < MK_ATT_GROUP ? (nch) : MK_ATT_GROUP)
+
 // the per-step data on the device (uploaded with the masks and embedding rows in one copy)
 struct mk_dstep {
     int32_t n_tokens;
@@ -1514,8 +1517,8 @@ MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max
     f.jobs  = f.red + nv*hd/WARP_SIZE;
     f.slots = (f.jobs + 2*nkv + 3)/4*4;   // (16-byte aligned)
     const int ps   = 4 + max_head_dim;
-    nch = nch < MK_ATT_GROUP ? nch : MK_ATT_GROUP;   // (a block holds one group's chunks)
-    const int need = nch*ps > nv*hd ? nch*ps : nv*hd;
+    const int ns   = MK_GRP_SLOTS(nch);
+    const int need = ns*ps > nv*hd ? ns*ps : nv*hd;
     f.fits = (f.slots + need)*(int) sizeof(float) <= bytes;
     return f;
 }
@@ -1849,7 +1852,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         // round trips for the chunks' results. One group: that is the (token, head)'s output; several: each block
         // writes its group's result to global memory and the last of them combines those (arrive_last). The same
         // chunk and combine arithmetic as the device-wide way, so the same bits
-        const int gmax = nch < MK_ATT_GROUP || one_group ? nch : MK_ATT_GROUP;
+        const int gmax = one_group ? nch : MK_GRP_SLOTS(nch);
         if (FOLD ? !F.fits : gmax > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
             return false;
         }
