@@ -124,11 +124,16 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # (group results written over chunk slots already read), must round as the block-per-(token, head, group) way's
 # 0x40000: GGML_MK_VAR_ONE_GROUP (the attention before its groups: one block per (token, head), all chunks in one combine):
 # lossless on its own, and other bits than the default's (test_attention_groups_change_the_arithmetic)
+# 0x80000: GGML_MK_VAR_WARP_COMBINE (a group's chunks and a (token, head)'s groups combined by one warp) against the
+# default's block-wide combine (a thread per dimension) bitwise, both the in-block and the across-groups (L2) combine
+# 0x100000: GGML_MK_VAR_HALF_GROUPS (groups of MK_ATT_GROUP/2 chunks, 1 in the emulation: up to 5 groups a step, every
+# chunk's result through the across-groups combine): lossless on its own
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
             "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"],
-            "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"]}
+            "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"],
+            "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))

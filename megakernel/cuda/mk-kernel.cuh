@@ -52,7 +52,9 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 #ifndef MK_ATT_GROUP
 #define MK_ATT_GROUP 16
 #endif
-#define MK_GRP_MAX (MK_CH_MAX/MK_ATT_GROUP + 2)
+// (variant GGML_MK_VAR_HALF_GROUPS: groups of MK_ATT_GROUP/2 chunks, at least 1)
+#define MK_ATT_GROUP_HALF (MK_ATT_GROUP/2 > 0 ? MK_ATT_GROUP/2 : 1)
+#define MK_GRP_MAX (MK_CH_MAX/MK_ATT_GROUP_HALF + 2)
 
 // the chunk slots one block holds for a step whose chunk list has nch entries: one group's at most
 #define MK_GRP_SLOTS(nch) ((nch) < MK_ATT_GROUP ? (nch) : MK_ATT_GROUP)
@@ -75,8 +77,10 @@ struct mk_dstep {
 
 // host: fill ds.n_ch/ds.ch from the step's masks ([M][n_kv] additive, -INFINITY = not seen; NULL = cache not
 // used); at least one chunk per cache (a cache nobody sees gives chunk 0, all masked: zeros, as before).
-// all: every chunk below n_kv (the behaviour before the lists, variant GGML_MK_VAR_ALL_CHUNKS)
-static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int M, int CH, bool all = false) {
+// all: every chunk below n_kv (the behaviour before the lists, variant GGML_MK_VAR_ALL_CHUNKS); flags: the model's
+// debug_flags (GGML_MK_VAR_HALF_GROUPS: groups of MK_ATT_GROUP_HALF chunks)
+static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int M, int CH, bool all = false, int flags = 0) {
+    const int G = (flags & GGML_MK_VAR_HALF_GROUPS) ? MK_ATT_GROUP_HALF : MK_ATT_GROUP;
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
         const int n_kv = ds.n_kv[c];
         int n = 0;
@@ -102,7 +106,7 @@ static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int
         ds.n_ch[c] = n;
         int g = 0;
         for (int k = 0; k < n; ++k) {
-            if (k == 0 || ds.ch[c][k]/MK_ATT_GROUP != ds.ch[c][k - 1]/MK_ATT_GROUP) {
+            if (k == 0 || ds.ch[c][k]/G != ds.ch[c][k - 1]/G) {
                 ds.grp[c][g++] = (uint16_t) k;
             }
         }
@@ -1550,6 +1554,15 @@ MK_DEVICE float mk_ld_part(const float * p) {
     }
 }
 
+// the attention's block-wide combine (mk_attention's combine_blk): two floats per entry (a group's chunks, or a (token,
+// head)'s groups) and the block's "last of the groups" flag; one array for every instantiation
+#define MK_ATT_W (MK_GRP_MAX > MK_ATT_GROUP ? MK_GRP_MAX : MK_ATT_GROUP)
+MK_DEVICE_FN float * mk_att_scratch() {
+    MK_SHARED(float, s_att_w, 2*MK_ATT_W + 1);
+    return s_att_w;
+}
+static_assert(GGML_MK_MAX_HEAD_DIM <= MK_THREADS, "the block-wide combine: one thread per dimension");
+
 // the layer's attention folds its heads phase in (GGML_MK_VAR_FOLD_HEADS on): the block-per-(token, head) way and the fold
 // fit (out of line: the kernel body keeps its registers)
 MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
@@ -1819,6 +1832,79 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             }
         }
     };
+    // the same combine by the whole block, thread d taking dimension d (d < hd; the others help with the weights): per
+    // dimension the same operations in the same order as a lane of the warp's combine, so the same bits. Entry k's
+    // header is read once, by thread k, and its weight expf(m_k - gm) computed once, into the block's scratch (w);
+    // every thread then adds its dimension over the entries (one load each, all in flight, instead of one warp's
+    // n x 2 x NP loads). Returns this thread's weighted V sum; gm and gl (the same in every thread)
+    auto combine_blk = [&](const float * part, int n, auto sh, float * w, float & gm, float & gl) {
+        constexpr bool SH = decltype(sh)::value;
+        for (int k = threadIdx.x; k < n; k += MK_THREADS) {
+            w[2*k]     = mk_ld_part<SH>(part + (size_t) k*PS);       // m_k
+            w[2*k + 1] = mk_ld_part<SH>(part + (size_t) k*PS + 1);   // l_k
+        }
+        __syncthreads();
+        gm = -INFINITY;
+        for (int k = 0; k < n; ++k) {
+            if (w[2*k + 1] > 0.0f) {
+                gm = fmaxf(gm, w[2*k]);
+            }
+        }
+        __syncthreads();   // (every thread read the maxima before they become weights)
+        for (int k = threadIdx.x; k < n; k += MK_THREADS) {
+            w[2*k] = w[2*k + 1] > 0.0f ? expf(w[2*k] - gm) : 0.0f;
+        }
+        __syncthreads();
+        gl = 0.0f;
+        float acc = 0.0f;
+        const int d = threadIdx.x;
+#pragma unroll 8
+        for (int k = 0; k < n; ++k) {
+            const float c  = d < hd ? mk_ld_part<SH>(part + (size_t) k*PS + 4 + d) : 0.0f;
+            const float lk = w[2*k + 1];
+            if (!(lk > 0.0f)) {
+                continue;
+            }
+            const float wk = w[2*k];
+            gl  = fmaf(lk, wk, gl);
+            acc = fmaf(wk, c, acc);
+        }
+        return acc;
+    };
+    // combine_blk's result: into a.att (finish_blk) or as a group's partial result (put_blk)
+    auto finish_blk = [&](int mh, float gl, float acc) {
+        const int m = mh / L.n_head;
+        const int h = mh % L.n_head;
+        const float inv = gl > 0.0f ? 1.0f/gl : 0.0f;
+        if ((int) threadIdx.x < hd) {
+            a.att[(size_t) m*a.m->max_q + h*hd + threadIdx.x] = acc*inv;
+        }
+    };
+    auto put_blk = [&](float * P, float gm, float gl, float acc) {
+        if (threadIdx.x == 0) {
+            P[0] = gm;
+            P[1] = gl;
+        }
+        if ((int) threadIdx.x < hd) {
+            P[4 + threadIdx.x] = acc;
+        }
+    };
+    // after the block wrote a group's result of (token, head) mh (put_blk): counts it; true (in every thread) for the
+    // block whose group was the last of n
+    auto arrive_last_blk = [&](int mh, int n, float * w) {
+        __threadfence();
+        __syncthreads();
+        unsigned * flag = (unsigned *) (w + 2*MK_ATT_W);
+        if (threadIdx.x == 0) {
+            *flag = atomicAdd(a.att_cnt + mh, 1u) == (unsigned) n - 1;
+        }
+        __syncthreads();
+        const bool last = *flag != 0;
+        if (last) {
+            __threadfence();
+        }
+        return last;
+    };
     // after the warp wrote a partial result of (token, head) mh to global memory: counts it; true for the warp whose
     // result was the last of n (it then sees all of them; it combines them and resets the counter: mh_done)
     auto arrive_last = [&](int mh, int n) {
@@ -1891,7 +1977,25 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 put(slots + (size_t) (ck - k0)*PS, mx, l, a0, a1);
             }
             __syncthreads();
-            if (wb == 0) {
+            if (!(a.m->debug_flags & GGML_MK_VAR_WARP_COMBINE)) {
+                // the whole block combines (combine_blk: the same bits as warp 0's combine below)
+                float * w = mk_att_scratch();
+                float gm, gl;
+                const float acc = combine_blk(slots, k1 - k0, mk_bool<true>(), w, gm, gl);
+                if (ng == 1) {
+                    finish_blk(mh, gl, acc);
+                } else {
+                    float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
+                    put_blk(part + (size_t) g*PS, gm, gl, acc);
+                    if (arrive_last_blk(mh, ng, w)) {
+                        const float acc_g = combine_blk(part, ng, mk_bool<false>(), w, gm, gl);
+                        finish_blk(mh, gl, acc_g);
+                        if (threadIdx.x == 0) {
+                            atomicExch(a.att_cnt + mh, 0u);
+                        }
+                    }
+                }
+            } else if (wb == 0) {
                 float gm, gl, a0[NP], a1[NP];
                 combine(slots, k1 - k0, mk_bool<true>(), gm, gl, a0, a1);
                 if (ng == 1) {

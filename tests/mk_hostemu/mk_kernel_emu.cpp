@@ -104,7 +104,7 @@ int main(int argc, char ** argv) {
         ds.n_kv[0] = ds.n_kv[1] = kv_size;
         for (int il = 0; il < n_layer; ++il) ds.kv[il] = mm.view(il, K0.data(), V0.data(), K1.data(), V1.data());
         const float * masks[2] = { mask0.data(), mask1.data() };
-        mk_step_chunks(ds, masks, M, M_.att_chunk, (M_.debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0);
+        mk_step_chunks(ds, masks, M, M_.att_chunk, (M_.debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0, M_.debug_flags);
         grp_max = std::max({ grp_max, ds.n_grp[0], ds.n_grp[1] });
         mk_args a = {};
         a.m = &M_; a.st = &ds; a.mask[0] = mask0.data(); a.mask[1] = mask1.data();
@@ -194,7 +194,8 @@ int main(int argc, char ** argv) {
     if (variant & GGML_MK_VAR_FOLD_HEADS) {
         printf("heads folded into the attention: %d of %d layer steps (the others kept the heads phase)\n", n_fold, n_layer_steps);
     }
-    printf("attention groups (%d chunks of %d cells each) in a step's list: up to %d\n", MK_ATT_GROUP, M_.att_chunk, grp_max);
+    printf("attention groups (%d chunks of %d cells each) in a step's list: up to %d\n",
+           (M_.debug_flags & GGML_MK_VAR_HALF_GROUPS) ? MK_ATT_GROUP_HALF : MK_ATT_GROUP, M_.att_chunk, grp_max);
     printf("digest of every step's logits and hidden rows: %016llx\n", (unsigned long long) digest);
     if (vs_default) {
         printf("%s variant 0x%x == default kernel bitwise (logits, hidden rows, KV caches): %d of %d steps differ\n",
