@@ -260,12 +260,12 @@ stage_e2e() {
     return "${PIPESTATUS[0]}"
 }
 
-# the megakernel by context length (attention groups): checks at a long prompt (verify == decode bitwise across several
-# attention groups), then greedy tok/s of the megakernel, the graph and variant MK_CTX_VARIANT (default 0x100000: groups
-# of 8 chunks) for each tg length of MK_CTX_BENCH (default "32 256 1024") after the short default prompt, and
-# MK_CTX_LONG_N tokens after the long prompt; MK_CTX_PROF=1 (or 2): also the per-phase profile after the long prompt,
-# default and variant; on the last model of MK_MODELS. Fails when the checks fail (the variant's bitwise comparison in
-# the speed runs only reports: its bits may differ past one group)
+# the megakernel by context length (attention groups, GGML_MK_VAR_ONE_GROUP): checks at a long prompt (verify == decode
+# bitwise across several attention groups), then greedy tok/s of the megakernel, the graph and variant MK_CTX_VARIANT
+# (default 0x40000: one group, the attention before the groups) for each tg length of MK_CTX_BENCH (default
+# "32 256 1024") after the short default prompt, and MK_CTX_LONG_N tokens after the long prompt; MK_CTX_PROF=1 (or 2): also
+# the per-phase profile after the long prompt, default and variant; on the last model of MK_MODELS. Fails when the checks
+# fail (the variant's bitwise comparison in the speed runs only reports: its bits may differ past one group)
 stage_ctx() {
     local m long rc
     m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
@@ -274,7 +274,7 @@ stage_ctx() {
     "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$long" -n 16 --rounds 0 -c 4096 --max-nmse 10 --max-disagree 1000 2>&1 |
         tee -a "$OUT/ctx.log" | grep -E "verify ==|NMSE|greedy|hidden states, verify|FAIL"
     rc=${PIPESTATUS[0]}   # (the checks' verdict is the stage's; the speed runs below only report)
-    local bn v=${MK_CTX_VARIANT:-0x100000}
+    local bn v=${MK_CTX_VARIANT:-0x40000}
     for bn in ${MK_CTX_BENCH:-32 256 1024}; do
         log "ctx: greedy tg$bn, megakernel vs graph vs variant $v"
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 4 --rounds 2 --bench-n "$bn" -c 4096 --max-nmse 10 --max-disagree 1000 \

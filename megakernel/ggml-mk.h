@@ -137,9 +137,15 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_EMBD_BLOCK0       0x20000 // (before) a fused draft step's token embedding row decoded by the first threads of
                                               // block 0 into global memory and scaled there, not one group per thread of every
                                               // block in registers
-#define GGML_MK_VAR_HALF_GROUPS       0x100000 // attention groups of MK_ATT_GROUP/2 chunks (8): twice the units, two at once in a block
-                                              // (other bits past one group, lossless alike)
-#define GGML_MK_VAR_QUARTER_GROUPS    0x200000 // attention groups of MK_ATT_GROUP/4 chunks (4), four units at once in a block
+#define GGML_MK_VAR_ONE_GROUP         0x40000 // (before) attention in one group per (token, head): one block takes all its chunks and
+                                              // combines them in chunk order, no groups of MK_ATT_GROUP chunks (the same bits
+                                              // only while a step's chunks lie in one group: the groups' combine rounds
+                                              // differently; not with GGML_MK_VAR_FOLD_HEADS, whose blocks keep the groups)
+#define GGML_MK_VAR_WARP_COMBINE      0x80000 // (before) the attention's block per (token, head, group) combines its chunks, and the
+                                              // last of a (token, head)'s groups the groups, in one warp, not the whole block
+                                              // (one thread per dimension: the same bits)
+#define GGML_MK_VAR_HALF_GROUPS       0x100000 // attention groups of MK_ATT_GROUP/2 chunks: twice the blocks, half the warps busy
+                                              // in each (other bits past one group, lossless alike)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -122,15 +122,18 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # to a tile (the LM head's 300 rows end in a part-filled tile), each row's sum must keep its bits
 # 0x1000: GGML_MK_VAR_DEVICE_ATT against the default bitwise: the device-wide way's combine per group, then across groups
 # (group results written over chunk slots already read), must round as the block-per-(token, head, group) way's
-# 0x100000: GGML_MK_VAR_HALF_GROUPS (groups of MK_ATT_GROUP/2 chunks, 1 in the emulation: up to 5 groups a step, up to 16
-# units at once in a block of the 2, every chunk's result through the across-groups combine): lossless on its own, and
-# other bits than the default's (test_attention_groups_change_the_arithmetic); GGML_MK_VAR_QUARTER_GROUPS would be the same
-# groups of 1 here
+# 0x40000: GGML_MK_VAR_ONE_GROUP (the attention before its groups: one block per (token, head), all chunks in one combine):
+# lossless on its own, and other bits than the default's (test_attention_groups_change_the_arithmetic)
+# 0x80000: GGML_MK_VAR_WARP_COMBINE (a group's chunks and a (token, head)'s groups combined by one warp) against the
+# default's block-wide combine (a thread per dimension) bitwise, both the in-block and the across-groups (L2) combine
+# 0x100000: GGML_MK_VAR_HALF_GROUPS (groups of MK_ATT_GROUP/2 chunks, 1 in the emulation: up to 5 groups a step, every
+# chunk's result through the across-groups combine): lossless on its own
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
             "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"],
-            "0x1000": ["--variant", "0x1000", "--vs-default"], "0x100000": ["--variant", "0x100000"]}
+            "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"],
+            "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -152,7 +155,7 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
         assert packed.group(1) == "0", f"GGML_MK_VAR_ROW_TILES still packs rows: {packed.group(0)}"
         assert re.search(r"^default kernel: [1-9]\d* of \d+ mat-vec jobs in tiles of several rows \(up to ([2-9]|\d\d)\)", r.stdout, re.M), \
             "the default kernel packed no rows: the bitwise comparison tests nothing\n" + r.stdout
-    if variant.startswith("0x4000"):
+    if variant.startswith("0x4000") and variant != "0x40000":
         fold = re.search(r"^heads folded into the attention: (\d+) of (\d+) layer steps", r.stdout, re.M)
         assert fold, r.stdout
         n, of = int(fold.group(1)), int(fold.group(2))
@@ -168,16 +171,13 @@ def _emu_digest(kernel_emu, *args) -> tuple[str, str]:
 
 
 # the attention's groups (MK_ATT_GROUP, 3 chunks in the emulation) are at work: a step's list spans two of them, and
-# combining per group then across groups rounds otherwise than groups of one chunk (GGML_MK_VAR_HALF_GROUPS here: each
-# group's combine passes its one chunk on unchanged, so that is one combine over all chunks, the attention before the
-# groups); with a group as large as the whole list the two would be the same bits, and the runs above could not tell
+# combining per group then across groups rounds otherwise than one combine over all chunks (GGML_MK_VAR_ONE_GROUP);
+# with a group as large as the whole list the two would be the same bits, and the runs above could not tell
 def test_attention_groups_change_the_arithmetic(kernel_emu):
     d_groups, out = _emu_digest(kernel_emu)
     g = re.search(r"^attention groups \((\d+) chunks of (\d+) cells each\) in a step's list: up to (\d+)", out, re.M)
     assert g and int(g.group(3)) >= 2, "the emulation's steps never spanned several attention groups:\n" + out
-    d_one, out1 = _emu_digest(kernel_emu, "--variant", "0x100000")
-    g1 = re.search(r"^attention groups \((\d+) chunks of", out1, re.M)
-    assert g1 and g1.group(1) == "1", "GGML_MK_VAR_HALF_GROUPS did not make groups of one chunk:\n" + out1
+    d_one, _ = _emu_digest(kernel_emu, "--variant", "0x40000")
     assert d_groups != d_one, f"groups and one group gave the same bits (digest {d_groups}): the groups' combine did not run"
 
 

@@ -52,11 +52,9 @@ static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
 #ifndef MK_ATT_GROUP
 #define MK_ATT_GROUP 16
 #endif
-// (variants GGML_MK_VAR_HALF_GROUPS / GGML_MK_VAR_QUARTER_GROUPS: groups of MK_ATT_GROUP/2 or /4 chunks, at least 1)
-#define MK_ATT_GROUP_HALF    (MK_ATT_GROUP/2 > 0 ? MK_ATT_GROUP/2 : 1)
-#define MK_ATT_GROUP_QUARTER (MK_ATT_GROUP/4 > 0 ? MK_ATT_GROUP/4 : 1)
-#define MK_GRP_MAX (MK_CH_MAX/MK_ATT_GROUP_QUARTER + 2)
-static_assert(MK_ATT_GROUP <= MK_WARPS, "a group's chunks: one warp each");
+// (variant GGML_MK_VAR_HALF_GROUPS: groups of MK_ATT_GROUP/2 chunks, at least 1)
+#define MK_ATT_GROUP_HALF (MK_ATT_GROUP/2 > 0 ? MK_ATT_GROUP/2 : 1)
+#define MK_GRP_MAX (MK_CH_MAX/MK_ATT_GROUP_HALF + 2)
 
 // the chunk slots one block holds for a step whose chunk list has nch entries: one group's at most
 #define MK_GRP_SLOTS(nch) ((nch) < MK_ATT_GROUP ? (nch) : MK_ATT_GROUP)
@@ -71,8 +69,7 @@ struct mk_dstep {
     // others hold nothing for any token, and skipping them changes no bit of the result
     int32_t  n_ch[GGML_MK_N_CACHES];
     uint16_t ch[GGML_MK_N_CACHES][MK_CH_MAX];
-    // the list's groups of att_g chunks (MK_ATT_GROUP, or a variant's): group g is list entries grp[g] .. grp[g + 1] - 1
-    int32_t  att_g[GGML_MK_N_CACHES];
+    // the list's groups (MK_ATT_GROUP): group g is list entries grp[g] .. grp[g + 1] - 1
     int32_t  n_grp[GGML_MK_N_CACHES];
     uint16_t grp[GGML_MK_N_CACHES][MK_GRP_MAX];
     ggml_mk_kv_view kv[GGML_MK_MAX_LAYERS];
@@ -81,13 +78,9 @@ struct mk_dstep {
 // host: fill ds.n_ch/ds.ch from the step's masks ([M][n_kv] additive, -INFINITY = not seen; NULL = cache not
 // used); at least one chunk per cache (a cache nobody sees gives chunk 0, all masked: zeros, as before).
 // all: every chunk below n_kv (the behaviour before the lists, variant GGML_MK_VAR_ALL_CHUNKS); flags: the model's
-// debug_flags (GGML_MK_VAR_HALF_GROUPS / _QUARTER_GROUPS: groups of MK_ATT_GROUP_HALF / _QUARTER chunks)
-static inline int mk_att_group(int flags) {
-    return (flags & GGML_MK_VAR_QUARTER_GROUPS) ? MK_ATT_GROUP_QUARTER :
-           (flags & GGML_MK_VAR_HALF_GROUPS)    ? MK_ATT_GROUP_HALF : MK_ATT_GROUP;
-}
+// debug_flags (GGML_MK_VAR_HALF_GROUPS: groups of MK_ATT_GROUP_HALF chunks)
 static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int M, int CH, bool all = false, int flags = 0) {
-    const int G = mk_att_group(flags);
+    const int G = (flags & GGML_MK_VAR_HALF_GROUPS) ? MK_ATT_GROUP_HALF : MK_ATT_GROUP;
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
         const int n_kv = ds.n_kv[c];
         int n = 0;
@@ -119,7 +112,6 @@ static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int
         }
         ds.grp[c][g] = (uint16_t) n;
         ds.n_grp[c] = g;
-        ds.att_g[c] = G;
     }
 }
 
@@ -1563,10 +1555,10 @@ MK_DEVICE float mk_ld_part(const float * p) {
 }
 
 // the attention's block-wide combine (mk_attention's combine_blk): two floats per entry (a group's chunks, or a (token,
-// head)'s groups) and their sum, then each unit's "last of the groups" flag; one array for every instantiation
+// head)'s groups) and the block's "last of the groups" flag; one array for every instantiation
 #define MK_ATT_W (MK_GRP_MAX > MK_ATT_GROUP ? MK_GRP_MAX : MK_ATT_GROUP)
 MK_DEVICE_FN float * mk_att_scratch() {
-    MK_SHARED(float, s_att_w, 2*MK_ATT_W + 1 + MK_WARPS);
+    MK_SHARED(float, s_att_w, 2*MK_ATT_W + 1);
     return s_att_w;
 }
 static_assert(GGML_MK_MAX_HEAD_DIM <= MK_THREADS, "the block-wide combine: one thread per dimension");
@@ -1840,60 +1832,78 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             }
         }
     };
-    // the n partial results at part (a group's chunks in this block's shared memory, SH, or a (token, head)'s groups in
-    // global memory) combined by threads t0 .. t0+nt-1 of the block, tq = threadIdx.x - t0 taking dimensions tq, tq + nt,
-    // ...: per dimension the same operations in the same order as a lane of combine's, so the same bits. Entry k's
-    // header is read once, by thread k, its weight expf(m_k - gm) computed once into w (2 floats per entry), the sum gl
-    // by thread 0; then each dimension adds its n values (loads all in flight). emit(d, acc, gm, gl) takes the results.
-    // Every thread of the block calls it (block barriers inside), each with its own group's arguments (n = 0: nothing,
-    // and tq >= nt: a thread without a part)
-    auto combine_blk = [&](const float * part, int n, auto sh, float * w, int tq, int nt, auto emit) {
+    // the same combine by the whole block, thread d taking dimension d (d < hd; the others help with the weights): per
+    // dimension the same operations in the same order as a lane of the warp's combine, so the same bits. Entry k's
+    // header is read once, by thread k, and its weight expf(m_k - gm) computed once, into the block's scratch (w);
+    // every thread then adds its dimension over the entries (one load each, all in flight, instead of one warp's
+    // n x 2 x NP loads). Returns this thread's weighted V sum; gm and gl (the same in every thread)
+    auto combine_blk = [&](const float * part, int n, auto sh, float * w, float & gm, float & gl) {
         constexpr bool SH = decltype(sh)::value;
-        for (int k = tq; k < n; k += nt) {
+        for (int k = threadIdx.x; k < n; k += MK_THREADS) {
             w[2*k]     = mk_ld_part<SH>(part + (size_t) k*PS);       // m_k
             w[2*k + 1] = mk_ld_part<SH>(part + (size_t) k*PS + 1);   // l_k
         }
         __syncthreads();
-        float gm = -INFINITY;
+        gm = -INFINITY;
         for (int k = 0; k < n; ++k) {
             if (w[2*k + 1] > 0.0f) {
                 gm = fmaxf(gm, w[2*k]);
             }
         }
-        __syncthreads();   // (every thread has read the maxima before they become weights)
-        for (int k = tq; k < n; k += nt) {
+        __syncthreads();   // (every thread read the maxima before they become weights)
+        for (int k = threadIdx.x; k < n; k += MK_THREADS) {
             w[2*k] = w[2*k + 1] > 0.0f ? expf(w[2*k] - gm) : 0.0f;
         }
         __syncthreads();
-        if (tq == 0) {
-            float gl = 0.0f;
-            for (int k = 0; k < n; ++k) {
-                if (w[2*k + 1] > 0.0f) {
-                    gl = fmaf(w[2*k + 1], w[2*k], gl);
-                }
-            }
-            w[2*n] = gl;
-        }
-        __syncthreads();
-        const float gl = n > 0 ? w[2*n] : 0.0f;
-        for (int dd = tq; n > 0 && dd < hd; dd += nt) {
-            float acc = 0.0f;
+        gl = 0.0f;
+        float acc = 0.0f;
+        const int d = threadIdx.x;
 #pragma unroll 8
-            for (int k = 0; k < n; ++k) {
-                const float c  = mk_ld_part<SH>(part + (size_t) k*PS + 4 + dd);
-                if (w[2*k + 1] > 0.0f) {
-                    acc = fmaf(w[2*k], c, acc);
-                }
+        for (int k = 0; k < n; ++k) {
+            const float c  = d < hd ? mk_ld_part<SH>(part + (size_t) k*PS + 4 + d) : 0.0f;
+            const float lk = w[2*k + 1];
+            if (!(lk > 0.0f)) {
+                continue;
             }
-            emit(dd, acc, gm, gl);
+            const float wk = w[2*k];
+            gl  = fmaf(lk, wk, gl);
+            acc = fmaf(wk, c, acc);
         }
-        __syncthreads();   // (w is free again)
+        return acc;
     };
-    // (token, head) mh's output element d from combined sums (combine_blk's emit)
-    auto finish_d = [&](int mh, int dd, float acc, float gl) {
+    // combine_blk's result: into a.att (finish_blk) or as a group's partial result (put_blk)
+    auto finish_blk = [&](int mh, float gl, float acc) {
         const int m = mh / L.n_head;
         const int h = mh % L.n_head;
-        a.att[(size_t) m*a.m->max_q + h*hd + dd] = acc*(gl > 0.0f ? 1.0f/gl : 0.0f);
+        const float inv = gl > 0.0f ? 1.0f/gl : 0.0f;
+        if ((int) threadIdx.x < hd) {
+            a.att[(size_t) m*a.m->max_q + h*hd + threadIdx.x] = acc*inv;
+        }
+    };
+    auto put_blk = [&](float * P, float gm, float gl, float acc) {
+        if (threadIdx.x == 0) {
+            P[0] = gm;
+            P[1] = gl;
+        }
+        if ((int) threadIdx.x < hd) {
+            P[4 + threadIdx.x] = acc;
+        }
+    };
+    // after the block wrote a group's result of (token, head) mh (put_blk): counts it; true (in every thread) for the
+    // block whose group was the last of n
+    auto arrive_last_blk = [&](int mh, int n, float * w) {
+        __threadfence();
+        __syncthreads();
+        unsigned * flag = (unsigned *) (w + 2*MK_ATT_W);
+        if (threadIdx.x == 0) {
+            *flag = atomicAdd(a.att_cnt + mh, 1u) == (unsigned) n - 1;
+        }
+        __syncthreads();
+        const bool last = *flag != 0;
+        if (last) {
+            __threadfence();
+        }
+        return last;
     };
     // after the warp wrote a partial result of (token, head) mh to global memory: counts it; true for the warp whose
     // result was the last of n (it then sees all of them; it combines them and resets the counter: mh_done)
@@ -1916,39 +1926,27 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             atomicExch(a.att_cnt + mh, 0u);
         }
     };
-    const int ng = st.n_grp[cache];
-    const uint16_t * grp = st.grp[cache];
+    // the groups (GGML_MK_VAR_ONE_GROUP: the whole list as one, the attention before the groups)
+    const bool one_group = !FOLD && (a.m->debug_flags & GGML_MK_VAR_ONE_GROUP);
+    const uint16_t grp1[2] = { 0, (uint16_t) nch };
+    const int ng = one_group ? 1 : st.n_grp[cache];
+    const uint16_t * grp = one_group ? grp1 : st.grp[cache];
 
     if constexpr (BLK) {
-        // one block per (token, head, group), a warp per chunk of the group (at most MK_WARPS/G units of G = st.att_g
-        // chunks in a block at once, on their own warps: the units dealt to the blocks first, so that few units spread
-        // over many SMs and many fill every warp), their partial results in the block's shared memory (the
-        // staged-inputs region, free between mat-vecs), combined there by the unit's threads: no L2 round trips for
-        // the chunks' results. One group: that is the (token, head)'s output; several: each unit writes its group's
-        // result to global memory and the last of a (token, head)'s combines those, by the whole block. The same chunk
-        // and combine arithmetic as the device-wide way, so the same bits. (The fold: one unit at a time, its Q and
-        // K/V rows computed by the whole block)
-        const int G  = st.att_g[cache];
-        const int S  = FOLD ? 1 : MK_WARPS/G;        // units at once
-        const int gs = nch < G ? nch : G;            // slots per unit
-        if (FOLD ? !F.fits : S*gs*PS*(int) sizeof(float) > a.xs_bytes + a.xq_bytes) {
+        // one block per (token, head, group), its warps take the group's chunks, their partial results stay in the
+        // block's shared memory (the staged-inputs region, free between mat-vecs) and warp 0 combines them: no L2
+        // round trips for the chunks' results. One group: that is the (token, head)'s output; several: each block
+        // writes its group's result to global memory and the last of them combines those (arrive_last). The same
+        // chunk and combine arithmetic as the device-wide way, so the same bits
+        const int gmax = one_group ? nch : MK_GRP_SLOTS(nch);
+        if (FOLD ? !F.fits : gmax > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
             return false;
         }
-        const int U  = M*L.n_head*ng;
         const int wb = threadIdx.x / WARP_SIZE;
-        const int nt = MK_THREADS/S;                 // threads of a unit for its combine
-        const bool qa = (int) threadIdx.x < S*nt;    // (S need not divide MK_THREADS: the rest only keep the barriers)
-        const int q  = qa ? (int) threadIdx.x / nt : 0;   // this thread's unit
-        const int tq = qa ? (int) threadIdx.x - q*nt : nt;
-        const int qw = wb / G;                       // this warp's unit for the chunks (qw >= S: idle)
-        float * w    = mk_att_scratch();
-        unsigned * last = (unsigned *) (w + 2*MK_ATT_W + 1);
-        const int nb = (int) gridDim.x;
-        const int bi = (int) blockIdx.x;
-        for (int r0 = 0; r0*nb + bi < U; r0 += S) {
-            // unit u = (r0 + q)*nb + bi: (token, head) u / ng, group u % ng
+        for (int u = blockIdx.x; u < M*L.n_head*ng; u += gridDim.x) {
+            const int mh = u / ng;   // (a (token, head)'s groups go to consecutive blocks)
+            const int g  = u - mh*ng;
             if constexpr (FOLD) {
-                const int mh  = (r0*nb + bi) / ng;
                 const int m   = mh / L.n_head;
                 const int h   = mh % L.n_head;
                 const int hkv = h / gqa;
@@ -1971,60 +1969,49 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 }
                 __syncthreads();   // (the block's cache writes before its chunks read them back, through L2 as all cells)
             }
-            if (qw < S) {
-                const int u = (r0 + qw)*nb + bi;
-                if (u < U) {
-                    const int mh = u / ng;
-                    const int g  = u - mh*ng;
-                    const int ck = grp[g] + wb % G;
-                    if (ck < grp[g + 1]) {
-                        float mx, l, a0[NP], a1[NP];
-                        chunk(mh, ck, mx, l, a0, a1);
-                        put(slots + (size_t) (qw*gs + ck - grp[g])*PS, mx, l, a0, a1);
-                    }
-                }
+            const int k0 = grp[g];
+            const int k1 = grp[g + 1];
+            for (int ck = k0 + wb; ck < k1; ck += MK_WARPS) {
+                float mx, l, a0[NP], a1[NP];
+                chunk(mh, ck, mx, l, a0, a1);
+                put(slots + (size_t) (ck - k0)*PS, mx, l, a0, a1);
             }
             __syncthreads();
-            // each unit's chunks combined by its threads: the output (one group) or the group's result in global memory
-            const int u  = (r0 + q)*nb + bi;
-            const int mh = u < U ? u / ng : 0;
-            const int g  = u < U ? u - mh*ng : 0;
-            float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
-            combine_blk(slots + (size_t) q*gs*PS, qa && u < U ? grp[g + 1] - grp[g] : 0, mk_bool<true>(), w + q*(2*gs + 1), tq, nt,
-                [&](int dd, float acc, float gm, float gl) {
-                    if (ng == 1) {
-                        finish_d(mh, dd, acc, gl);
-                    } else {
-                        if (dd == 0) {
-                            part[(size_t) g*PS]     = gm;
-                            part[(size_t) g*PS + 1] = gl;
+            if (!(a.m->debug_flags & GGML_MK_VAR_WARP_COMBINE)) {
+                // the whole block combines (combine_blk: the same bits as warp 0's combine below)
+                float * w = mk_att_scratch();
+                float gm, gl;
+                const float acc = combine_blk(slots, k1 - k0, mk_bool<true>(), w, gm, gl);
+                if (ng == 1) {
+                    finish_blk(mh, gl, acc);
+                } else {
+                    float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
+                    put_blk(part + (size_t) g*PS, gm, gl, acc);
+                    if (arrive_last_blk(mh, ng, w)) {
+                        const float acc_g = combine_blk(part, ng, mk_bool<false>(), w, gm, gl);
+                        finish_blk(mh, gl, acc_g);
+                        if (threadIdx.x == 0) {
+                            atomicExch(a.att_cnt + mh, 0u);
                         }
-                        part[(size_t) g*PS + 4 + dd] = acc;
                     }
-                });
-            if (ng > 1) {
-                // count the groups done; the unit whose group was a (token, head)'s last has the whole block combine
-                // them in group order, one such (token, head) after the other
-                __threadfence();
-                __syncthreads();
-                if (qa && tq == 0) {
-                    last[q] = u < U && atomicAdd(a.att_cnt + mh, 1u) == (unsigned) ng - 1;
                 }
-                __syncthreads();
-                for (int p = 0; p < S; ++p) {
-                    if (!last[p]) {
-                        continue;
-                    }
-                    __threadfence();
-                    const int mhp = ((r0 + p)*nb + bi) / ng;
-                    combine_blk(a.att_part + (size_t) mhp*a.n_chunk*PS, ng, mk_bool<false>(), w, threadIdx.x, MK_THREADS,
-                        [&](int dd, float acc, float, float gl) { finish_d(mhp, dd, acc, gl); });
-                    if (threadIdx.x == 0) {
-                        atomicExch(a.att_cnt + mhp, 0u);
+            } else if (wb == 0) {
+                float gm, gl, a0[NP], a1[NP];
+                combine(slots, k1 - k0, mk_bool<true>(), gm, gl, a0, a1);
+                if (ng == 1) {
+                    finish(mh, gl, a0, a1);
+                } else {
+                    // the group's result to global memory; the last of the (token, head)'s combines them in group order
+                    float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
+                    put(part + (size_t) g*PS, gm, gl, a0, a1);
+                    if (arrive_last(mh, ng)) {
+                        combine(part, ng, mk_bool<false>(), gm, gl, a0, a1);
+                        finish(mh, gl, a0, a1);
+                        mh_done(mh);
                     }
                 }
             }
-            __syncthreads();   // the slots and flags are rewritten for the next units
+            __syncthreads();   // the slots are rewritten for the next unit
         }
         return true;
     }

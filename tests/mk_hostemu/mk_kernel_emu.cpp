@@ -195,7 +195,7 @@ int main(int argc, char ** argv) {
         printf("heads folded into the attention: %d of %d layer steps (the others kept the heads phase)\n", n_fold, n_layer_steps);
     }
     printf("attention groups (%d chunks of %d cells each) in a step's list: up to %d\n",
-           mk_att_group(M_.debug_flags), M_.att_chunk, grp_max);
+           (M_.debug_flags & GGML_MK_VAR_HALF_GROUPS) ? MK_ATT_GROUP_HALF : MK_ATT_GROUP, M_.att_chunk, grp_max);
     printf("digest of every step's logits and hidden rows: %016llx\n", (unsigned long long) digest);
     if (vs_default) {
         printf("%s variant 0x%x == default kernel bitwise (logits, hidden rows, KV caches): %d of %d steps differ\n",
