@@ -144,8 +144,8 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_WARP_COMBINE      0x80000 // (before) the attention's block per (token, head, group) combines its chunks, and the
                                               // last of a (token, head)'s groups the groups, in one warp, not the whole block
                                               // (one thread per dimension: the same bits)
-#define GGML_MK_VAR_HALF_GROUPS       0x100000 // attention groups of MK_ATT_GROUP/2 chunks: twice the blocks, half the warps busy
-                                              // in each (other bits past one group, lossless alike)
+#define GGML_MK_VAR_HALF_GROUPS       0x100000 // attention groups of MK_ATT_GROUP/2 chunks (4): twice the blocks, half the warps
+                                              // busy in each (other bits past one group, lossless alike)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //
