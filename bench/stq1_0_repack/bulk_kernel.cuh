@@ -86,6 +86,11 @@ static __device__ __forceinline__ uint4 * bk_dyn_smem() {
 // BK_CUDA_END
 #endif // BULK_HOSTEMU
 
+// the 16-byte cp.async copies of one lane are visible to the others of the warp after its wait_group and this
+static __device__ __forceinline__ void bk_cp_visible() {
+    __syncwarp();
+}
+
 // the 5 words of lane `lane` for block bl (0..3) of a tile in shared memory (words 5bl .. 5bl+4 of the lane's 20;
 // word j is component j%4 of the lane's 16 bytes in chunk j/4): 2 or 3 loads of 4, 8 or 16 bytes
 static __device__ __forceinline__ void bk_words(const uint4 * tile, const int lane, const int bl, uint32_t * w) {
@@ -252,8 +257,9 @@ static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const f
         const int i = ks + j*KS;
         const uint4 * st = sw + (j % S)*STAGE_U4;
         if constexpr (COPY == BK_CPASYNC) {
-            bk_cp_wait<S - 1>(); // this lane's copies of stage j are done ...
-            __syncwarp();        // ... and every lane's
+            // this lane's copies of stage j are done, then every lane's
+            bk_cp_wait<S - 1>();
+            bk_cp_visible();
         } else {
             bk_mbar_wait(&bar[wy][j % S], (j / S) & 1);
         }
