@@ -58,14 +58,14 @@ typedef void (*mv_fn)(const uint4 *, const uint4 *, const float *, float *, int,
 typedef void (*id_fn)(const uint4 *, const uint4 *, const float *, float *, int, int, int64_t, cudaStream_t,
                       const stq1_0_rp16_ids_args &, int);
 
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N, bool WL = false>
 static void bk_mv(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st) {
-    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, N>(W, A, D, y, nt, nr, sd, st);
+    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, N, false, WL>(W, A, D, y, nt, nr, sd, st);
 }
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, bool WL = false>
 static void bk_id(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st,
         const stq1_0_rp16_ids_args & ida, int ng) {
-    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, 1, true>(W, A, D, y, nt, nr, sd, st, ida, ng);
+    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, 1, true, WL>(W, A, D, y, nt, nr, sd, st, ida, ng);
 }
 template <int KS, int N>
 static void rp_mv(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st) {
@@ -73,9 +73,9 @@ static void rp_mv(const uint4 * W, const uint4 * A, const float * D, float * y, 
 }
 
 // registers, local memory, shared memory and resident warps per SM of one instantiation
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N, bool ID>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N, bool ID, bool WL>
 static std::string kinfo() {
-    const auto kern = stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, N, ID>;
+    const auto kern = stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, N, ID, WL>;
     constexpr size_t sh = stq1_0_bulk_smem_bytes<MT, KS, RPC, S, COPY, ACT, N>();
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) sh));
     cudaFuncAttributes a = {};
@@ -97,16 +97,17 @@ struct cand {
 };
 
 // ALLN: built for n = 1..8 (else n = 1); MV: MUL_MAT; ID: MUL_MAT_ID
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, bool MV, bool ALLN, bool ID>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, bool MV, bool ALLN, bool ID, bool WL = false>
 static cand make_cand() {
     cand c;
     static const char * cn[] = {"bulk", "bulkEF", "cpasync"};
     c.name = std::string(cn[COPY]) + (ACT ? "+act" : "") + " MT" + std::to_string(MT) + " S" + std::to_string(S) +
-        " KS" + std::to_string(KS) + (RPC > 1 ? " RPC" + std::to_string(RPC) : "");
+        " KS" + std::to_string(KS) + (RPC > 1 ? " RPC" + std::to_string(RPC) : "") + (WL ? " WL" : "");
     c.KS = KS; c.MT = MT;
     if constexpr (MV) {
-        c.f[1] = bk_mv<MT, KS, RPC, S, COPY, ACT, 1>;
+        c.f[1] = bk_mv<MT, KS, RPC, S, COPY, ACT, 1, WL>;
         if constexpr (ALLN) {
+            static_assert(!WL, "WL: n = 1 only");
             c.f[2] = bk_mv<MT, KS, RPC, S, COPY, ACT, 2>; c.f[3] = bk_mv<MT, KS, RPC, S, COPY, ACT, 3>;
             c.f[4] = bk_mv<MT, KS, RPC, S, COPY, ACT, 4>; c.f[5] = bk_mv<MT, KS, RPC, S, COPY, ACT, 5>;
             c.f[6] = bk_mv<MT, KS, RPC, S, COPY, ACT, 6>; c.f[7] = bk_mv<MT, KS, RPC, S, COPY, ACT, 7>;
@@ -114,10 +115,10 @@ static cand make_cand() {
         }
     }
     if constexpr (ID) {
-        c.fid = bk_id<MT, KS, RPC, S, COPY, ACT>;
-        c.info = kinfo<MT, KS, RPC, S, COPY, ACT, 1, true>;
+        c.fid = bk_id<MT, KS, RPC, S, COPY, ACT, WL>;
+        c.info = kinfo<MT, KS, RPC, S, COPY, ACT, 1, true, WL>;
     } else {
-        c.info = kinfo<MT, KS, RPC, S, COPY, ACT, 1, false>;
+        c.info = kinfo<MT, KS, RPC, S, COPY, ACT, 1, false, WL>;
     }
     return c;
 }
@@ -137,6 +138,9 @@ static std::vector<cand> all_cands() {
     v.push_back(make_cand<2, 4, 1, 3, BK_BULK,    true,  true, false, false>());
     v.push_back(make_cand<4, 2, 1, 2, BK_CPASYNC, false, true, false, false>());
     v.push_back(make_cand<2, 4, 1, 3, BK_CPASYNC, false, true, false, false>());
+    v.push_back(make_cand<2, 4, 1, 3, BK_BULK,    false, true, false, false, true>());
+    v.push_back(make_cand<4, 2, 1, 2, BK_BULK,    false, true, false, false, true>());
+    v.push_back(make_cand<4, 2, 1, 2, BK_BULK,    true,  true, false, false, true>());
     // MUL_MAT, K split 8 / 14 (4096 and 2048 rows: the RP16 kernel's split is 8); n = 1..8 for the first two
     v.push_back(make_cand<2, 8, 1, 2, BK_BULK,    false, true, true,  false>());
     v.push_back(make_cand<2, 8, 1, 2, BK_BULK,    true,  true, true,  false>());
@@ -150,6 +154,8 @@ static std::vector<cand> all_cands() {
     v.push_back(make_cand<2, 6, 1, 1, BK_BULK,    false, false, false, true>());
     v.push_back(make_cand<2, 2, 2, 3, BK_BULK,    true,  false, false, true>());
     v.push_back(make_cand<2, 2, 2, 3, BK_CPASYNC, false, false, false, true>());
+    v.push_back(make_cand<2, 2, 2, 3, BK_BULK,    false, false, false, true, true>());
+    v.push_back(make_cand<4, 2, 1, 3, BK_BULK,    false, false, false, true, true>());
     return v;
 }
 

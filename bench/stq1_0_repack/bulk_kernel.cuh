@@ -47,10 +47,13 @@ static __device__ __forceinline__ void bk_mbar_expect_tx(uint64_t * bar, const u
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bk_smem(bar)), "r"(bytes) : "memory");
 }
 static __device__ __forceinline__ void bk_mbar_wait(uint64_t * bar, const uint32_t parity) {
-    uint32_t done;
+    uint32_t done, spins = 0;
     do {
         asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
             : "=r"(done) : "r"(bk_smem(bar)), "r"(parity) : "memory");
+        if (!done && ++spins == (1u << 26)) {
+            __trap(); // a phase that never completes: fail the launch instead of hanging the device
+        }
     } while (!done);
 }
 static __device__ __forceinline__ uint64_t bk_policy_evict_first() {
@@ -116,14 +119,22 @@ static __device__ __forceinline__ void bk_words(const uint4 * tile, const int la
     }
 }
 
+// component c (0..3) of v
+static __device__ __forceinline__ uint32_t bk_u4c(const uint4 & v, const int c) {
+    return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
+}
+
 template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols>
 static constexpr size_t stq1_0_bulk_smem_bytes() {
     return (size_t) 16*KS*RPC*S*(MT*BK_TILE_U4 + (ACT ? ncols*BK_ACT_U4 : 0));
 }
 
 // W: RP16 weights; Aq/Ad: ncols columns of activations (k int8 each, RP16 order) and their scales (k/256 each); dst:
-// column c at dst + c*stride_col_dst; has_ids: MUL_MAT_ID as in mul_mat_vec_stq1_0_rp16 (ncols = 1)
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids>
+// column c at dst + c*stride_col_dst; has_ids: MUL_MAT_ID as in mul_mat_vec_stq1_0_rp16 (ncols = 1); WL: a lane's 80
+// bytes of each tile read as 5 loads of 16 bytes per stage (20 registers per row group) instead of 2-3 smaller
+// loads per block (fewer shared-memory wavefronts: a 4- or 8-byte load at a 16-byte lane stride costs as many as
+// a 16-byte one)
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids, bool WL = false>
 __launch_bounds__(32*KS*RPC)
 static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const float * Ad, float * dst,
         const int ntiles, const int nrg, const int64_t stride_col_dst, const stq1_0_rp16_ids_args ida) {
@@ -263,13 +274,30 @@ static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const f
         } else {
             bk_mbar_wait(&bar[wy][j % S], (j / S) & 1);
         }
+        uint4 ch[MT][WL ? 5 : 1];
+        if constexpr (WL) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                for (int q = 0; q < 5; ++q) {
+                    ch[m][q] = st[m*BK_TILE_U4 + 32*q + lane];
+                }
+            }
+        }
 #pragma unroll
         for (int bl = 0; bl < STQ1_0_RP16_TILE_BLOCKS; ++bl) {
             const int b = i*STQ1_0_RP16_TILE_BLOCKS + bl;
             uint32_t w[MT][5];
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                bk_words(st + m*BK_TILE_U4, lane, bl, w[m]);
+                if constexpr (WL) {
+#pragma unroll
+                    for (int e = 0; e < 5; ++e) {
+                        w[m][e] = bk_u4c(ch[m][(5*bl + e)/4], (5*bl + e) % 4);
+                    }
+                } else {
+                    bk_words(st + m*BK_TILE_U4, lane, bl, w[m]);
+                }
             }
             int s[MT][2][ncols];
 #pragma unroll
@@ -380,13 +408,13 @@ static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const f
     }
 }
 
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids = false>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids = false, bool WL = false>
 static void stq1_0_bulk_launch(const uint4 * W, const uint4 * Aq, const float * Ad, float * dst, const int ntiles,
         const int nrg, const int64_t stride_col_dst, cudaStream_t stream, const stq1_0_rp16_ids_args & ida = {},
         const int ncols_grid = 1) {
     constexpr size_t shmem = stq1_0_bulk_smem_bytes<MT, KS, RPC, S, COPY, ACT, ncols>();
     static const bool attr_set = [] {
-        CUDA_CHECK(cudaFuncSetAttribute(stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, ncols, has_ids>,
+        CUDA_CHECK(cudaFuncSetAttribute(stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, ncols, has_ids, WL>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shmem));
         return true;
     }();
@@ -394,6 +422,6 @@ static void stq1_0_bulk_launch(const uint4 * W, const uint4 * Aq, const float * 
     const int per_block = MT*RPC;
     const dim3 grid((nrg + per_block - 1)/per_block, ncols_grid);
     const dim3 block(32, KS*RPC);
-    ggml_cuda_kernel_launch(stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, ncols, has_ids>,
+    ggml_cuda_kernel_launch(stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, ncols, has_ids, WL>,
         ggml_cuda_kernel_launch_params(grid, block, shmem, stream), W, Aq, Ad, dst, ntiles, nrg, stride_col_dst, ida);
 }

@@ -249,14 +249,14 @@ typedef void (*mv_fn)(const uint4 *, const uint4 *, const float *, float *, int,
 typedef void (*id_fn)(const uint4 *, const uint4 *, const float *, float *, int, int, int64_t, cudaStream_t,
                       const stq1_0_rp16_ids_args &, int);
 
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N, bool WL = false>
 static void bk_mv(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st) {
-    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, N>(W, A, D, y, nt, nr, sd, st);
+    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, N, false, WL>(W, A, D, y, nt, nr, sd, st);
 }
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, bool WL = false>
 static void bk_id(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st,
         const stq1_0_rp16_ids_args & ida, int ng) {
-    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, 1, true>(W, A, D, y, nt, nr, sd, st, ida, ng);
+    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, 1, true, WL>(W, A, D, y, nt, nr, sd, st, ida, ng);
 }
 template <int KS, int N>
 static void rp_mv(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st) {
@@ -296,6 +296,9 @@ static std::vector<cand> cands() {
     add("bulk+act MT2 S3 KS4",    4, BK_N1(2, 4, 1, 3, BK_BULK, true), nullptr);
     add("cpasync MT4 S2 KS2",     2, BK_N1(4, 2, 1, 2, BK_CPASYNC, false), nullptr);
     add("cpasync MT2 S3 KS4",     4, BK_ALLN(2, 4, 1, 3, BK_CPASYNC, false), nullptr);
+    add("bulk MT2 S3 KS4 WL",     4, { bk_mv<2, 4, 1, 3, BK_BULK, false, 1, true> }, nullptr);
+    add("bulk MT4 S2 KS2 WL",     2, { bk_mv<4, 2, 1, 2, BK_BULK, false, 1, true> }, nullptr);
+    add("bulk+act MT4 S2 KS2 WL", 2, { bk_mv<4, 2, 1, 2, BK_BULK, true, 1, true> }, nullptr);
     add("bulk MT2 S2 KS8",        8, BK_ALLN(2, 8, 1, 2, BK_BULK, false), nullptr);
     add("bulk+act MT2 S2 KS8",    8, BK_ALLN(2, 8, 1, 2, BK_BULK, true), nullptr);
     add("bulk MT4 S2 KS8",        8, BK_N1(4, 8, 1, 2, BK_BULK, false), nullptr);
@@ -307,6 +310,8 @@ static std::vector<cand> cands() {
     add("ids bulk MT2 S1 KS6",          6, {}, bk_id<2, 6, 1, 1, BK_BULK, false>);
     add("ids bulk+act MT2 S3 KS2 RPC2", 2, {}, bk_id<2, 2, 2, 3, BK_BULK, true>);
     add("ids cpasync MT2 S3 KS2 RPC2",  2, {}, bk_id<2, 2, 2, 3, BK_CPASYNC, false>);
+    add("ids bulk MT2 S3 KS2 RPC2 WL",  2, {}, bk_id<2, 2, 2, 3, BK_BULK, false, true>);
+    add("ids bulk MT4 S3 KS2 WL",       2, {}, bk_id<4, 2, 1, 3, BK_BULK, false, true>);
     return v;
 }
 
