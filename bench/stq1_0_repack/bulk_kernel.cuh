@@ -129,13 +129,27 @@ static constexpr size_t stq1_0_bulk_smem_bytes() {
     return (size_t) 16*KS*RPC*S*(MT*BK_TILE_U4 + (ACT ? ncols*BK_ACT_U4 : 0));
 }
 
+// CUDA blocks per SM that the shared memory allows (at most 64 warps per SM, and no fewer than 64 + 24 ncols
+// registers per thread): given to __launch_bounds__ so that the registers are capped only where they would limit
+// the occupancy further (without it ptxas chose 56-80 registers with spills for some n = 1 kernels)
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols>
+static constexpr int stq1_0_bulk_min_blocks() {
+    constexpr size_t per_sm = 227*1024;
+    constexpr size_t need   = stq1_0_bulk_smem_bytes<MT, KS, RPC, S, COPY, ACT, ncols>() + 8*KS*RPC*S + 128 + 1024;
+    constexpr int by_smem   = (int) (per_sm/need);
+    constexpr int by_warps  = 64/(KS*RPC);
+    constexpr int by_regs   = 65536/((64 + 24*ncols)*32*KS*RPC); // at least 64 + 24 ncols registers per thread
+    constexpr int b = by_smem < by_warps ? by_smem : by_warps;
+    return b < by_regs ? (b < 1 ? 1 : b) : (by_regs < 1 ? 1 : by_regs);
+}
+
 // W: RP16 weights; Aq/Ad: ncols columns of activations (k int8 each, RP16 order) and their scales (k/256 each); dst:
 // column c at dst + c*stride_col_dst; has_ids: MUL_MAT_ID as in mul_mat_vec_stq1_0_rp16 (ncols = 1); WL: a lane's 80
 // bytes of each tile read as 5 loads of 16 bytes per stage (20 registers per row group) instead of 2-3 smaller
 // loads per block (fewer shared-memory wavefronts: a 4- or 8-byte load at a 16-byte lane stride costs as many as
 // a 16-byte one)
 template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids, bool WL = false>
-__launch_bounds__(32*KS*RPC)
+__launch_bounds__(32*KS*RPC, (stq1_0_bulk_min_blocks<MT, KS, RPC, S, COPY, ACT, ncols>()))
 static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const float * Ad, float * dst,
         const int ntiles, const int nrg, const int64_t stride_col_dst, const stq1_0_rp16_ids_args ida) {
     static_assert(!has_ids || ncols == 1, "MUL_MAT_ID: one column per CUDA block");
