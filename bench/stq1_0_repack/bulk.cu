@@ -58,14 +58,14 @@ typedef void (*mv_fn)(const uint4 *, const uint4 *, const float *, float *, int,
 typedef void (*id_fn)(const uint4 *, const uint4 *, const float *, float *, int, int, int64_t, cudaStream_t,
                       const stq1_0_rp16_ids_args &, int);
 
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N, bool WL = false>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N, bool WL = false, bool FL = false>
 static void bk_mv(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st) {
-    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, N, false, WL>(W, A, D, y, nt, nr, sd, st);
+    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, N, false, WL, FL>(W, A, D, y, nt, nr, sd, st);
 }
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, bool WL = false>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, bool WL = false, bool FL = false>
 static void bk_id(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st,
         const stq1_0_rp16_ids_args & ida, int ng) {
-    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, 1, true, WL>(W, A, D, y, nt, nr, sd, st, ida, ng);
+    stq1_0_bulk_launch<MT, KS, RPC, S, COPY, ACT, 1, true, WL, FL>(W, A, D, y, nt, nr, sd, st, ida, ng);
 }
 template <int KS, int N>
 static void rp_mv(const uint4 * W, const uint4 * A, const float * D, float * y, int nt, int nr, int64_t sd, cudaStream_t st) {
@@ -73,9 +73,9 @@ static void rp_mv(const uint4 * W, const uint4 * A, const float * D, float * y, 
 }
 
 // registers, local memory, shared memory and resident warps per SM of one instantiation
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N, bool ID, bool WL>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int N, bool ID, bool WL, bool FL>
 static std::string kinfo() {
-    const auto kern = stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, N, ID, WL>;
+    const auto kern = stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, N, ID, WL, FL>;
     constexpr size_t sh = stq1_0_bulk_smem_bytes<MT, KS, RPC, S, COPY, ACT, N>();
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) sh));
     cudaFuncAttributes a = {};
@@ -91,23 +91,25 @@ static std::string kinfo() {
 struct cand {
     std::string name;
     int KS = 0, MT = 0;
+    bool floor = false;  // diagnostic without decode: timed, not checked
     mv_fn f[9] = {};    // f[n]: n columns (nullptr: not built)
     id_fn fid = nullptr; // MUL_MAT_ID
     std::string (*info)() = nullptr;
 };
 
 // ALLN: built for n = 1..8 (else n = 1); MV: MUL_MAT; ID: MUL_MAT_ID
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, bool MV, bool ALLN, bool ID, bool WL = false>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, bool MV, bool ALLN, bool ID, bool WL = false, bool FL = false>
 static cand make_cand() {
     cand c;
     static const char * cn[] = {"bulk", "bulkEF", "cpasync"};
     c.name = std::string(cn[COPY]) + (ACT ? "+act" : "") + " MT" + std::to_string(MT) + " S" + std::to_string(S) +
         " KS" + std::to_string(KS) + (RPC > 1 ? " RPC" + std::to_string(RPC) : "") + (WL ? " WL" : "");
-    c.KS = KS; c.MT = MT;
+    if (FL) c.name = "floor " + c.name;
+    c.KS = KS; c.MT = MT; c.floor = FL;
     if constexpr (MV) {
-        c.f[1] = bk_mv<MT, KS, RPC, S, COPY, ACT, 1, WL>;
+        c.f[1] = bk_mv<MT, KS, RPC, S, COPY, ACT, 1, WL, FL>;
         if constexpr (ALLN) {
-            static_assert(!WL, "WL: n = 1 only");
+            static_assert(!WL && !FL, "WL, floor: n = 1 only");
             c.f[2] = bk_mv<MT, KS, RPC, S, COPY, ACT, 2>; c.f[3] = bk_mv<MT, KS, RPC, S, COPY, ACT, 3>;
             c.f[4] = bk_mv<MT, KS, RPC, S, COPY, ACT, 4>; c.f[5] = bk_mv<MT, KS, RPC, S, COPY, ACT, 5>;
             c.f[6] = bk_mv<MT, KS, RPC, S, COPY, ACT, 6>; c.f[7] = bk_mv<MT, KS, RPC, S, COPY, ACT, 7>;
@@ -115,10 +117,10 @@ static cand make_cand() {
         }
     }
     if constexpr (ID) {
-        c.fid = bk_id<MT, KS, RPC, S, COPY, ACT, WL>;
-        c.info = kinfo<MT, KS, RPC, S, COPY, ACT, 1, true, WL>;
+        c.fid = bk_id<MT, KS, RPC, S, COPY, ACT, WL, FL>;
+        c.info = kinfo<MT, KS, RPC, S, COPY, ACT, 1, true, WL, FL>;
     } else {
-        c.info = kinfo<MT, KS, RPC, S, COPY, ACT, 1, false, WL>;
+        c.info = kinfo<MT, KS, RPC, S, COPY, ACT, 1, false, WL, FL>;
     }
     return c;
 }
@@ -141,6 +143,12 @@ static std::vector<cand> all_cands() {
     v.push_back(make_cand<2, 4, 1, 3, BK_BULK,    false, true, false, false, true>());
     v.push_back(make_cand<4, 2, 1, 2, BK_BULK,    false, true, false, false, true>());
     v.push_back(make_cand<4, 2, 1, 2, BK_BULK,    true,  true, false, false, true>());
+    // diagnostics: the copies alone (no decode), the floor of each pipeline shape
+    v.push_back(make_cand<2, 4, 1, 3, BK_BULK,    false, true, false, false, false, true>());
+    v.push_back(make_cand<4, 2, 1, 2, BK_BULK,    false, true, false, false, false, true>());
+    v.push_back(make_cand<4, 2, 1, 3, BK_BULK,    false, true, false, false, false, true>());
+    v.push_back(make_cand<2, 2, 1, 4, BK_BULK,    false, true, false, false, false, true>());
+    v.push_back(make_cand<2, 8, 1, 2, BK_BULK,    false, true, false, false, false, true>());
     // MUL_MAT, K split 8 / 14 (4096 and 2048 rows: the RP16 kernel's split is 8); n = 1..8 for the first two
     v.push_back(make_cand<2, 8, 1, 2, BK_BULK,    false, true, true,  false>());
     v.push_back(make_cand<2, 8, 1, 2, BK_BULK,    true,  true, true,  false>());
@@ -156,6 +164,8 @@ static std::vector<cand> all_cands() {
     v.push_back(make_cand<2, 2, 2, 3, BK_CPASYNC, false, false, false, true>());
     v.push_back(make_cand<2, 2, 2, 3, BK_BULK,    false, false, false, true, true>());
     v.push_back(make_cand<4, 2, 1, 3, BK_BULK,    false, false, false, true, true>());
+    v.push_back(make_cand<2, 2, 2, 3, BK_BULK,    false, false, false, true, false, true>());
+    v.push_back(make_cand<4, 2, 1, 3, BK_BULK,    false, false, false, true, false, true>());
     return v;
 }
 
@@ -360,6 +370,7 @@ static void run_2d(gpu & G, const std::vector<cand> & cands, const char * filter
     }
     for (const cand * cp : use) {
         const cand & c = *cp;
+        if (c.floor) continue; // diagnostic: wrong results by design
         const std::vector<float> one = one_col(c.f[1]);
         int nf; double worst = check_ref(one, NX, nf);
         int diff = 0, nonid = 0, nbid = 0;
@@ -405,6 +416,7 @@ static void run_2d(gpu & G, const std::vector<cand> & cands, const char * filter
             mv_fn f = cp->f[n];
             vs.push_back({cp->name, [&, f](int i) { f((const uint4 *) wp[i % copies], Aq, gd, gy, ntiles, nrg, m, G.stream); },
                 im, bytes, {}});
+            if (cp->floor) continue;
             vs.push_back({cp->name + " entry", [&, f, n](int i) {
                 quantize(G, gx, gq, gd, k, n);
                 f((const uint4 *) wp[i % copies], Aq, gd, gy, ntiles, nrg, m, G.stream); }, ie, bytes, {}});
@@ -506,7 +518,7 @@ static void run_routed(gpu & G, const std::vector<cand> & cands, const char * fi
     check("rp16 ids (baseline)", rp16_id, nullptr);
     std::vector<const cand *> use;
     for (const cand & c : cands) if (c.fid && keep(c, filter) && c.KS <= 2*ntiles) use.push_back(&c);
-    for (const cand * c : use) check(c->name, c->fid, c->KS == STQ1_0_RP16_ID_KS ? rp16_id : nullptr);
+    for (const cand * c : use) if (!c->floor) check(c->name, c->fid, c->KS == STQ1_0_RP16_ID_KS ? rp16_id : nullptr);
     fflush(stdout);
 
     // timing, 1 token, id sets rotated (set s: ids of token 0 of set s)
@@ -531,6 +543,7 @@ static void run_routed(gpu & G, const std::vector<cand> & cands, const char * fi
         id_fn f = c->fid;
         vs.push_back({c->name, [&, f](int i) { f(W, Aq, gd, gy, ntiles, nrg, m, G.stream, ida_of(gids + (i % NSET)*NT*U), U); },
             1, bytes, {}});
+        if (c->floor) continue;
         vs.push_back({c->name + " entry", [&, f](int i) {
             quantize(G, gx, gq, gd, k, 1);
             f(W, Aq, gd, gy, ntiles, nrg, m, G.stream, ida_of(gids + (i % NSET)*NT*U), U); }, 0, bytes, {}});

@@ -147,8 +147,8 @@ static constexpr int stq1_0_bulk_min_blocks() {
 // column c at dst + c*stride_col_dst; has_ids: MUL_MAT_ID as in mul_mat_vec_stq1_0_rp16 (ncols = 1); WL: a lane's 80
 // bytes of each tile read as 5 loads of 16 bytes per stage (20 registers per row group) instead of 2-3 smaller
 // loads per block (fewer shared-memory wavefronts: a 4- or 8-byte load at a 16-byte lane stride costs as many as
-// a 16-byte one)
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids, bool WL = false>
+// a 16-byte one). FLOOR: a diagnostic without the decode (wrong results; the floor of the copies alone)
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids, bool WL = false, bool FLOOR = false>
 __launch_bounds__(32*KS*RPC, (stq1_0_bulk_min_blocks<MT, KS, RPC, S, COPY, ACT, ncols>()))
 static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const float * Ad, float * dst,
         const int ntiles, const int nrg, const int64_t stride_col_dst, const stq1_0_rp16_ids_args ida) {
@@ -288,6 +288,10 @@ static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const f
         } else {
             bk_mbar_wait(&bar[wy][j % S], (j / S) & 1);
         }
+        if constexpr (FLOOR) {
+            // diagnostic: the copies and waits alone (one word read per lane and stage), no decode
+            acc[0][0][0] += (float) (st[lane].x & 1u);
+        } else {
         uint4 ch[MT][WL ? 5 : 1];
         if constexpr (WL) {
 #pragma unroll
@@ -374,6 +378,7 @@ static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const f
                 }
             }
         }
+        } // !FLOOR
         __syncwarp(); // every lane is done with stage j % S: it may be refilled
         if (j + S < nt_w) {
             if constexpr (COPY != BK_CPASYNC) {
@@ -422,13 +427,14 @@ static __global__ void stq1_0_bulk_mv(const uint4 * W, const uint4 * Aq, const f
     }
 }
 
-template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids = false, bool WL = false>
+template <int MT, int KS, int RPC, int S, int COPY, bool ACT, int ncols, bool has_ids = false, bool WL = false,
+          bool FLOOR = false>
 static void stq1_0_bulk_launch(const uint4 * W, const uint4 * Aq, const float * Ad, float * dst, const int ntiles,
         const int nrg, const int64_t stride_col_dst, cudaStream_t stream, const stq1_0_rp16_ids_args & ida = {},
         const int ncols_grid = 1) {
     constexpr size_t shmem = stq1_0_bulk_smem_bytes<MT, KS, RPC, S, COPY, ACT, ncols>();
     static const bool attr_set = [] {
-        CUDA_CHECK(cudaFuncSetAttribute(stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, ncols, has_ids, WL>,
+        CUDA_CHECK(cudaFuncSetAttribute(stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, ncols, has_ids, WL, FLOOR>,
             cudaFuncAttributeMaxDynamicSharedMemorySize, (int) shmem));
         return true;
     }();
@@ -436,6 +442,6 @@ static void stq1_0_bulk_launch(const uint4 * W, const uint4 * Aq, const float * 
     const int per_block = MT*RPC;
     const dim3 grid((nrg + per_block - 1)/per_block, ncols_grid);
     const dim3 block(32, KS*RPC);
-    ggml_cuda_kernel_launch(stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, ncols, has_ids, WL>,
+    ggml_cuda_kernel_launch(stq1_0_bulk_mv<MT, KS, RPC, S, COPY, ACT, ncols, has_ids, WL, FLOOR>,
         ggml_cuda_kernel_launch_params(grid, block, shmem, stream), W, Aq, Ad, dst, ntiles, nrg, stride_col_dst, ida);
 }
