@@ -40,6 +40,7 @@ static std::function<void()> g_body;
 static int   g_fail = 0;
 static int   g_shfl[64][32];
 static float g_shflf[64][32];
+static bool  g_fiber_reverse = false; // schedule the fibers from the last to the first (an emulation's choice)
 
 #define threadIdx (g_fib[g_cur].tid)
 #define blockIdx  g_block_idx
@@ -94,7 +95,8 @@ static void run_block(const dim3 & bdim, const std::function<void()> & body) {
     }
     for (;;) {
         bool ran = false;
-        for (int i = 0; i < n; ++i) {
+        for (int ii = 0; ii < n; ++ii) {
+            const int i = g_fiber_reverse ? n - 1 - ii : ii;
             if (!g_fib[i].done && g_fib[i].wait == 0) {
                 g_cur = i;
                 swapcontext(&g_sched, &g_fib[i].ctx);
