@@ -67,7 +67,7 @@ def _build(tmp: Path, name: str, rp16: str, bulk: str, tree: Path) -> Path:
     inc_b.write_text(bulk)
     exe = tmp / name
     cmd = [cxx(), "-std=c++17", "-O1", "-w", f'-DSTQ_RP16_INC="{inc_r}"', f'-DSTQ_BULK_INC="{inc_b}"',
-           f"-I{tree}/ggml/include", f"-I{tree}/ggml/src", f"-I{HERE / 'cuda_hostemu'}", str(DRIVER), "-o", str(exe)]
+           f"-I{tree}/ggml/include", f"-I{tree}/ggml/src", f"-I{HERE / 'cuda_hostemu'}", f"-I{KERNEL.parent}", str(DRIVER), "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"compiling the emulated bulk kernels failed:\n{' '.join(cmd)}\n{r.stderr[-6000:]}"
     return exe

@@ -18,6 +18,7 @@
 // entry = activation quantization + mat-vec vs the RP16 entry point). Every copy and launch on one stream.
 #include "stq1_0-rp16.cu"
 #include "bulk_kernel.cuh"
+#include "stq1_0_ref.h"
 
 #include <algorithm>
 #include <cmath>
@@ -197,27 +198,10 @@ static void fill_w(std::vector<uint8_t> & w, int64_t nblocks, uint64_t seed) {
 
 static uint8_t g_grid[32];
 
-// float64 product of GGUF row r (nb blocks) with quantized activations q (RP16 order, nb*256) and scales d:
-// ref = sum_b d_w d_a sum(w q), sabs = sum_b |d_w d_a| sum|w q|
+// float64 product of GGUF row r (nb blocks) with quantized activations q (RP16 order, nb*256) and scales d (stq1_0_ref.h)
+static float f16_host(uint16_t h) { __half_raw hr; hr.x = h; return __half2float(__half(hr)); }
 static void ref_row(const uint8_t * w, int64_t r, int64_t nb, const int8_t * q, const float * d, double & ref, double & sabs) {
-    ref = 0.0; sabs = 0.0;
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t * blk = w + (r*nb + b)*sizeof(block_stq1_0);
-        __half_raw hr; memcpy(&hr.x, blk + offsetof(block_stq1_0, d), 2);
-        const double dw = __half2float(__half(hr));
-        int64_t is = 0, ia = 0;
-        for (int G = 0; G < 64; ++G) {
-            const int code = (blk[G/2] >> (4*(G % 2))) & 0xF, sb = (blk[32 + G/8] >> (G % 8)) & 1;
-            const int pat = g_grid[(sb << 4) | code];
-            for (int p = 0; p < 4; ++p) {
-                const int v = ((pat >> (2*p)) & 3) - 1;
-                if (!v) continue;
-                const int qa = q[b*QK_K + stq1_0_rp16_act_pos((G/16)*64 + G % 16 + 16*p)];
-                is += v*qa; ia += std::abs(qa);
-            }
-        }
-        ref += dw*d[b]*(double) is; sabs += std::fabs(dw*d[b])*(double) ia;
-    }
+    stq1_0_ref_row(w, r, nb, q, d, g_grid, f16_host, ref, sabs);
 }
 
 struct gpu {

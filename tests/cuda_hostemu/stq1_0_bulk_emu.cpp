@@ -28,6 +28,7 @@
 #define GGML_COMMON_DECL_CPP
 #define GGML_COMMON_IMPL_CPP
 #include "ggml-common.h"
+#include "cuda_intrin_emu.h"
 
 // ---- what the included code needs from ggml (no library linked) ------------------------------------------------
 extern "C" void ggml_abort(const char * file, int line, const char * fmt, ...) {
@@ -36,18 +37,6 @@ extern "C" void ggml_abort(const char * file, int line, const char * fmt, ...) {
 }
 extern "C" bool ggml_is_contiguous(const struct ggml_tensor *) { return true; }
 
-static float fp16_to_fp32(uint16_t h) {
-    const uint32_t s = (uint32_t) (h >> 15) << 31, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-    uint32_t f;
-    if (e == 0) {
-        if (m == 0) { f = s; } else { float v = ldexpf((float) m, -24); memcpy(&f, &v, 4); f |= s; }
-    } else if (e == 31) {
-        f = s | 0x7F800000u | (m << 13);
-    } else {
-        f = s | ((e + 112) << 23) | (m << 13);
-    }
-    float r; memcpy(&r, &f, 4); return r;
-}
 static uint16_t fp32_to_fp16_normal(float x) { // for the scales of the test data: normal fp16 values, round to nearest even
     uint32_t f; memcpy(&f, &x, 4);
     const uint32_t s = (f >> 16) & 0x8000, e = ((f >> 23) & 0xFF) - 112, m = f & 0x7FFFFF;
@@ -57,53 +46,9 @@ static uint16_t fp32_to_fp16_normal(float x) { // for the scales of the test dat
     return (uint16_t) h;
 }
 
-// ---- CUDA types and intrinsics ----------------------------------------------------------------------------
-struct alignas(16) uint4 { uint32_t x, y, z, w; };
-struct alignas(8)  uint2 { uint32_t x, y; };
-typedef uint32_t half2; // (low, high) fp16
-typedef int cudaStream_t;
-typedef int cudaError_t;
-static cudaError_t cudaGetLastError() { return 0; }
-#define CUDA_CHECK(x) (void) (x)
-using std::min;
+// ---- CUDA types and intrinsics: cuda_intrin_emu.h, and ---------------------------------------------------------
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 template <typename K> static int cudaFuncSetAttribute(K, int, int) { return 0; }
-
-static float __low2float(half2 h)  { return fp16_to_fp32(h & 0xFFFF); }
-static float __high2float(half2 h) { return fp16_to_fp32(h >> 16); }
-static float __fmul_rn(float a, float b) { return a*b; }
-static int __float2int_rn(float x) { return (int) nearbyintf(x); }
-static uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, int s) { return (uint32_t) ((((uint64_t) hi << 32) | lo) >> (s & 31)); }
-static int ggml_cuda_dp4a(int a, int b, int c) {
-    for (int i = 0; i < 4; ++i) c += (int8_t) (a >> 8*i) * (int8_t) (b >> 8*i);
-    return c;
-}
-
-// loads and copies must stay inside the current weights [0] or activations [1]
-static const char * g_lo[2];
-static const char * g_hi[2];
-static bool emu_in(const void * p, size_t n, int which) {
-    return !g_lo[which] || ((const char *) p >= g_lo[which] && (const char *) p + n <= g_hi[which]);
-}
-static void emu_check(const void * p, size_t n, int which, const char * what) {
-    if (!emu_in(p, n, which) && g_fail++ < 5) {
-        printf("FAIL: %s load at %p outside [%p, %p)\n", what, p, (const void *) g_lo[which], (const void *) g_hi[which]);
-    }
-}
-static uint4 __ldcs(const uint4 * p) { emu_check(p, 16, 0, "weight"); return *p; }
-static uint4 __ldg(const uint4 * p)  { emu_check(p, 16, 1, "activation"); return *p; }
-static float __ldg(const float * p)  { return *p; }
-
-static dim3 g_grid_dim;
-#define gridDim g_grid_dim
-
-template<int width = WARP_SIZE>
-static float warp_reduce_max(float x) {
-    for (int offset = width/2; offset > 0; offset >>= 1) {
-        x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset, width));
-    }
-    return x;
-}
 
 // ---- shared memory copies -------------------------------------------------------------------------------------
 static std::vector<uint4> g_dyn; // the dynamic shared memory of the running block
@@ -215,34 +160,15 @@ static void emu_launch(const dim3 & grid, const dim3 & block, F && f, size_t shm
     }
 }
 
-#define GGML_CUDA_RESTRICT
-static void ggml_cuda_pdl_sync() {}
-static void ggml_cuda_pdl_lc() {}
-struct ggml_cuda_kernel_launch_params {
-    dim3 block_nums, block_dims; size_t shmem; cudaStream_t stream;
-    ggml_cuda_kernel_launch_params(const dim3 & bn, const dim3 & bd, const size_t sh, const cudaStream_t st)
-        : block_nums(bn), block_dims(bd), shmem(sh), stream(st) {}
-    ggml_cuda_kernel_launch_params(const dim3 & bn, const dim3 & bd, const int sh, const cudaStream_t st)
-        : block_nums(bn), block_dims(bd), shmem((size_t) sh), stream(st) {}
-};
 template <typename Kernel, typename... Args>
 static void ggml_cuda_kernel_launch(Kernel kernel, const ggml_cuda_kernel_launch_params & p, Args &&... args) {
     emu_launch(p.block_nums, p.block_dims, [&] { kernel(args...); }, p.shmem);
 }
-struct ggml_backend_cuda_context {
-    void * pool() { return nullptr; }
-    cudaStream_t stream() { return 0; }
-};
-template <typename T>
-struct ggml_cuda_pool_alloc {
-    std::vector<T> v;
-    ggml_cuda_pool_alloc(void *, size_t n) : v(n) {}
-    T * get() { return v.data(); }
-};
 
 #include STQ_RP16_INC
 #define BULK_HOSTEMU
 #include STQ_BULK_INC
+#include "stq1_0_ref.h"
 
 // ---- the checks --------------------------------------------------------------------------------------------------
 typedef void (*mv_fn)(const uint4 *, const uint4 *, const float *, float *, int, int, int64_t, cudaStream_t);
@@ -327,26 +253,9 @@ static void fill_w(std::vector<uint8_t> & w) {
     }
 }
 
-// float64 product of GGUF row r with quantized activations q (RP16 order) and their scales d; sabs = sum |w q| d_w d_a
+// float64 product of GGUF row r with quantized activations q (RP16 order) and their scales d (stq1_0_ref.h)
 static void ref_row(const uint8_t * w, int64_t r, int64_t nb, const int8_t * q, const float * d, double & ref, double & sabs) {
-    ref = 0.0; sabs = 0.0;
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t * blk = w + (r*nb + b)*sizeof(block_stq1_0);
-        uint16_t h; memcpy(&h, blk + offsetof(block_stq1_0, d), 2);
-        const double dw = fp16_to_fp32(h);
-        int64_t is = 0, ia = 0;
-        for (int G = 0; G < 64; ++G) {
-            const int code = (blk[G/2] >> (4*(G % 2))) & 0xF, sb = (blk[32 + G/8] >> (G % 8)) & 1;
-            const int pat = stq1_0_grid[(sb << 4) | code];
-            for (int p = 0; p < 4; ++p) {
-                const int v = ((pat >> (2*p)) & 3) - 1;
-                if (!v) continue;
-                const int qa = q[b*QK_K + stq1_0_rp16_act_pos((G/16)*64 + G % 16 + 16*p)];
-                is += v*qa; ia += std::abs(qa);
-            }
-        }
-        ref += dw*d[b]*(double) is; sabs += std::fabs(dw*d[b])*(double) ia;
-    }
+    stq1_0_ref_row(w, r, nb, q, d, stq1_0_grid, emu_fp16_to_fp32, ref, sabs);
 }
 
 static void quantize(const std::vector<float> & x, int64_t k, int ncol, std::vector<int8_t> & q, std::vector<float> & d) {

@@ -29,51 +29,10 @@
 #define GGML_COMMON_DECL_CPP
 #define GGML_COMMON_IMPL_CPP
 #include "ggml-common.h"
+#include "cuda_intrin_emu.h"
 
 
-// ---- CUDA types and intrinsics ----------------------------------------------------------------------------
-struct alignas(16) uint4 { uint32_t x, y, z, w; };
-typedef uint32_t half2; // (low, high) fp16
-typedef int cudaStream_t;
-typedef int cudaError_t;
-static cudaError_t cudaGetLastError() { return 0; }
-#define CUDA_CHECK(x) (void) (x)
-using std::min;
-
-static float __low2float(half2 h)  { return ggml_fp16_to_fp32(h & 0xFFFF); }
-static float __high2float(half2 h) { return ggml_fp16_to_fp32(h >> 16); }
-static float __fmul_rn(float a, float b) { return a*b; }
-static int __float2int_rn(float x) { return (int) nearbyintf(x); }
-static uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, int s) { return (uint32_t) ((((uint64_t) hi << 32) | lo) >> (s & 31)); }
-static int ggml_cuda_dp4a(int a, int b, int c) {
-    for (int i = 0; i < 4; ++i) c += (int8_t) (a >> 8*i) * (int8_t) (b >> 8*i);
-    return c;
-}
-
-// loads: the weights must stay inside the current weight tensor, activations inside theirs
-static const char * g_lo[2];
-static const char * g_hi[2];
-static void emu_check(const void * p, size_t n, int which, const char * what) {
-    if (g_lo[which] && ((const char *) p < g_lo[which] || (const char *) p + n > g_hi[which])) {
-        if (g_fail++ < 5) printf("FAIL: %s load at %p outside [%p, %p)\n", what, p, (const void *) g_lo[which], (const void *) g_hi[which]);
-    }
-}
-static uint4 __ldcs(const uint4 * p) { emu_check(p, 16, 0, "weight"); return *p; }
-static uint4 __ldg(const uint4 * p)  { emu_check(p, 16, 1, "activation"); return *p; }
-static float __ldg(const float * p)  { return *p; }
-
-// ---- fibers: the threads of one CUDA block (emu_fibers.h) ----------------------------------------------------
-static dim3 g_grid_dim;
-#define gridDim g_grid_dim
-
-template<int width = WARP_SIZE>
-static float warp_reduce_max(float x) {
-    for (int offset = width/2; offset > 0; offset >>= 1) {
-        x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset, width));
-    }
-    return x;
-}
-
+// ---- CUDA types and intrinsics, ggml-cuda's launch helpers: cuda_intrin_emu.h ---------------------------------
 template <typename F>
 static void emu_launch(const dim3 & grid, const dim3 & block, F && f) {
     g_grid_dim = grid;
@@ -85,31 +44,11 @@ static void emu_launch(const dim3 & grid, const dim3 & block, F && f) {
     }
 }
 
-#define GGML_CUDA_RESTRICT
-static void ggml_cuda_pdl_sync() {}
-static void ggml_cuda_pdl_lc() {}
-struct ggml_cuda_kernel_launch_params {
-    dim3 block_nums, block_dims; size_t shmem; cudaStream_t stream;
-    ggml_cuda_kernel_launch_params(const dim3 & bn, const dim3 & bd, const size_t sh, const cudaStream_t st)
-        : block_nums(bn), block_dims(bd), shmem(sh), stream(st) {}
-    ggml_cuda_kernel_launch_params(const dim3 & bn, const dim3 & bd, const int sh, const cudaStream_t st)
-        : block_nums(bn), block_dims(bd), shmem((size_t) sh), stream(st) {}
-};
 template <typename Kernel, typename... Args>
 static void ggml_cuda_kernel_launch(Kernel kernel, const ggml_cuda_kernel_launch_params & p, Args &&... args) {
     emu_launch(p.block_nums, p.block_dims, [&] { kernel(args...); });
 }
 
-struct ggml_backend_cuda_context {
-    void * pool() { return nullptr; }
-    cudaStream_t stream() { return 0; }
-};
-template <typename T>
-struct ggml_cuda_pool_alloc {
-    std::vector<T> v;
-    ggml_cuda_pool_alloc(void *, size_t n) : v(n) {}
-    T * get() { return v.data(); }
-};
 
 #include STQ_RP16_INC
 

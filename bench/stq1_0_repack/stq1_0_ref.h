@@ -1,0 +1,29 @@
+// stq1_0_ref.h: the float64 reference of one STQ1_0 row (GGUF bytes) times int8 activations in the RP16 order
+// (stq1_0_rp16_act_pos of ggml-cuda/stq1_0-rp16.cuh, included before) with one scale per 256 values: for the bulk-copy
+// micro-benchmark on the GPU (bulk.cu) and its host emulation (tests/cuda_hostemu/stq1_0_bulk_emu.cpp), one definition.
+// grid: the 32 patterns of stq1_0_grid (the caller's copy of the table: ggml-common.h's, or read back from the device);
+// f16: the caller's fp16 -> float conversion of a block's scale.
+#pragma once
+
+// ref = sum_b d_w d_a sum(w q) over the nb blocks of row r, sabs = sum_b |d_w d_a| sum |w q|
+static void stq1_0_ref_row(const uint8_t * w, int64_t r, int64_t nb, const int8_t * q, const float * d,
+                           const uint8_t * grid, float (*f16)(uint16_t), double & ref, double & sabs) {
+    ref = 0.0; sabs = 0.0;
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t * blk = w + (r*nb + b)*sizeof(block_stq1_0);
+        uint16_t h; memcpy(&h, blk + offsetof(block_stq1_0, d), 2);
+        const double dw = f16(h);
+        int64_t is = 0, ia = 0;
+        for (int G = 0; G < 64; ++G) {
+            const int code = (blk[G/2] >> (4*(G % 2))) & 0xF, sb = (blk[32 + G/8] >> (G % 8)) & 1;
+            const int pat = grid[(sb << 4) | code];
+            for (int p = 0; p < 4; ++p) {
+                const int v = ((pat >> (2*p)) & 3) - 1;
+                if (!v) continue;
+                const int qa = q[b*QK_K + stq1_0_rp16_act_pos((G/16)*64 + G % 16 + 16*p)];
+                is += v*qa; ia += std::abs(qa);
+            }
+        }
+        ref += dw*d[b]*(double) is; sabs += std::fabs(dw*d[b])*(double) ia;
+    }
+}
