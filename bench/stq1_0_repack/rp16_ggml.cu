@@ -18,36 +18,11 @@
 #include <string>
 #include <vector>
 
-// ---- what stq1_0-rp16.cu needs from the rest of ggml (link stubs) ----------------------------------------------
-extern "C" void ggml_abort(const char * file, int line, const char * fmt, ...) {
-    va_list ap; va_start(ap, fmt);
-    fprintf(stderr, "abort %s:%d: ", file, line); vfprintf(stderr, fmt, ap); fprintf(stderr, "\n");
-    va_end(ap); exit(2);
-}
-extern "C" void ggml_log_internal(enum ggml_log_level, const char *, ...) {}
-extern "C" bool ggml_is_contiguous(const struct ggml_tensor *) { return true; }
-void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
-    fprintf(stderr, "CUDA error %s in %s at %s:%d: %s\n", stmt, func, file, line, msg); exit(2);
-}
-void ggml_cuda_set_device(int device) { cudaSetDevice(device); }
-int ggml_cuda_get_device() { return 0; }
+// ---- what stq1_0-rp16.cu needs from the rest of ggml: ggml_cuda_stubs.h, and (for mmv-stq1_0.cu) ---------------
+#include "ggml_cuda_stubs.h"
 extern "C" size_t ggml_type_size(enum ggml_type) { abort(); }
 void quantize_mmq_q8_1_cuda(const float *, const int32_t *, void *, ggml_type, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t, int64_t, int64_t, cudaStream_t) { abort(); }
-
-// a pool that keeps what it allocated (no cudaFree between calls)
-struct keep_pool : ggml_cuda_pool {
-    struct slot { void * p; size_t n; bool used; };
-    std::vector<slot> slots;
-    void * alloc(size_t size, size_t * actual) override {
-        for (auto & s : slots) if (!s.used && s.n >= size) { s.used = true; *actual = s.n; return s.p; }
-        void * p; CUDA_CHECK(cudaMalloc(&p, size)); slots.push_back({p, size, true}); *actual = size; return p;
-    }
-    void free(void * p, size_t) override { for (auto & s : slots) if (s.p == p) s.used = false; }
-};
-std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(int, int) {
-    return std::unique_ptr<ggml_cuda_pool>(new keep_pool());
-}
 
 // ---- driver -------------------------------------------------------------------------------------------------------
 typedef void (*launch_fn)(const uint4 *, const uint4 *, const float *, float *, int, int, int64_t, cudaStream_t);
