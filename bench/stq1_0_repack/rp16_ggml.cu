@@ -20,6 +20,7 @@
 
 // ---- what stq1_0-rp16.cu needs from the rest of ggml: ggml_cuda_stubs.h, and (for mmv-stq1_0.cu) ---------------
 #include "ggml_cuda_stubs.h"
+#include "stq1_0_ref.h"
 extern "C" size_t ggml_type_size(enum ggml_type) { abort(); }
 void quantize_mmq_q8_1_cuda(const float *, const int32_t *, void *, ggml_type, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t, int64_t, int64_t, cudaStream_t) { abort(); }
@@ -48,10 +49,8 @@ static double ref_dot(const uint8_t * w, int64_t r, int64_t nb, const uint8_t gr
         const uint8_t * blk = w + (r*nb + b)*sizeof(block_stq1_0);
         __half_raw hr; memcpy(&hr.x, blk + 40, 2); const double d = __half2float(__half(hr));
         for (int G = 0; G < 64; ++G) {
-            const int code = (blk[G/2] >> (4*(G % 2))) & 0xF, sb = (blk[32 + G/8] >> (G % 8)) & 1;
-            const int pat = grid[(sb << 4) | code];
             for (int p = 0; p < 4; ++p) {
-                const int v = ((pat >> (2*p)) & 3) - 1;
+                const int v = stq1_0_ref_w(blk, grid, G, p);
                 if (v) acc += d*v*x[b*QK_K + (G/16)*64 + G % 16 + 16*p];
             }
         }
@@ -238,10 +237,8 @@ int main(int argc, char ** argv) {
                 const uint8_t * blk = &w[(rows[ri]*nb + b)*sizeof(block_stq1_0)];
                 __half_raw hr; memcpy(&hr.x, blk + 40, 2); const double d = __half2float(__half(hr));
                 for (int G = 0; G < 64; ++G) {
-                    const int code = (blk[G/2] >> (4*(G % 2))) & 0xF, sb = (blk[32 + G/8] >> (G % 8)) & 1;
-                    const int pat = grid[(sb << 4) | code];
                     for (int p = 0; p < 4; ++p) {
-                        const int v = ((pat >> (2*p)) & 3) - 1;
+                        const int v = stq1_0_ref_w(blk, grid, G, p);
                         if (!v) continue;
                         const int64_t kk = b*QK_K + (G/16)*64 + G % 16 + 16*p;
                         for (int c = 0; c < NX; ++c) acc[c] += d*v*x[c*k + kk];

@@ -5,6 +5,13 @@
 // f16: the caller's fp16 -> float conversion of a block's scale.
 #pragma once
 
+// the ternary weight (-1, 0 or 1) at place p (0..3) of 4-weight group G (0..63) of a GGUF block: the group's 4-bit code
+// and its 5th bit select one of grid's 32 patterns, 2 bits per place; the weight is value index 64*(G/16) + G%16 + 16*p
+static inline int stq1_0_ref_w(const uint8_t * blk, const uint8_t * grid, int G, int p) {
+    const int code = (blk[G/2] >> (4*(G % 2))) & 0xF, sb = (blk[32 + G/8] >> (G % 8)) & 1;
+    return ((grid[(sb << 4) | code] >> (2*p)) & 3) - 1;
+}
+
 // ref = sum_b d_w d_a sum(w q) over the nb blocks of row r, sabs = sum_b |d_w d_a| sum |w q|
 static void stq1_0_ref_row(const uint8_t * w, int64_t r, int64_t nb, const int8_t * q, const float * d,
                            const uint8_t * grid, float (*f16)(uint16_t), double & ref, double & sabs) {
@@ -15,10 +22,8 @@ static void stq1_0_ref_row(const uint8_t * w, int64_t r, int64_t nb, const int8_
         const double dw = f16(h);
         int64_t is = 0, ia = 0;
         for (int G = 0; G < 64; ++G) {
-            const int code = (blk[G/2] >> (4*(G % 2))) & 0xF, sb = (blk[32 + G/8] >> (G % 8)) & 1;
-            const int pat = grid[(sb << 4) | code];
             for (int p = 0; p < 4; ++p) {
-                const int v = ((pat >> (2*p)) & 3) - 1;
+                const int v = stq1_0_ref_w(blk, grid, G, p);
                 if (!v) continue;
                 const int qa = q[b*QK_K + stq1_0_rp16_act_pos((G/16)*64 + G % 16 + 16*p)];
                 is += v*qa; ia += std::abs(qa);
