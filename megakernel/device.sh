@@ -9,7 +9,7 @@
 #   draft (the fused MTP draft kernel vs llama.cpp's assistant graph: test-mk-draft --fused on the pairs of
 #   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch, per step size M; MK_PROF=2: also every block's barrier arrivals; MK_PROF_ARGS: more test-mk options, e.g. "--rounds 2 --verify-cost" for verify steps of M = 2..5; MK_PROF_LINES: profile lines shown, default 40), server (llama-server speculative == greedy), ctx (by context length: checks at a long prompt, tok/s at tg 32..1024
 #   vs the graph and MK_CTX_VARIANT), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
-#   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV), ncuv (one verify launch
+#   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV; both after a ~390-token prompt with MK_NCU_LONG=1), ncuv (one verify launch
 #   of MK_NCU_M tokens, default 4: sections + SASS samples; not yet run on a GPU), e2e (MTP speculation end to end
 #   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize. Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_CHECK_ARGS (check: extra nvcc options),
@@ -171,12 +171,21 @@ stage_sweep() {
 }
 
 # ncu over one megakernel decode launch (the 21st) of test-mk on the last model of MK_MODELS; arguments: ncu's options
+# the ~390-token prompt of stage ctx (and of ncu/ncusrc with MK_NCU_LONG=1)
+long_prompt() {
+    python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the old river bank.']*24))"
+}
+
+# one decode launch under ncu (the 21st of test-mk's run on the last model of MK_MODELS); MK_NCU_LONG=1: after the long
+# prompt (the attention at ~410 cells of context: where the megakernel falls behind the graph)
 ncu_launch() {
     local m
+    local -a p=()
     m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
-    log "ncu: one megakernel decode launch on $m"
+    [ -n "${MK_NCU_LONG:-}" ] && p=(-p "$(long_prompt)" -c 4096)
+    log "ncu: one megakernel decode launch on $m${MK_NCU_LONG:+ after the long prompt}"
     LLAMA_MEGAKERNEL=1 ncu --clock-control none -k regex:mk_decode_kernel --launch-skip 20 --launch-count 1 "$@" \
-        "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" "${p[@]}" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100
 }
 
 stage_ncu() {
@@ -269,7 +278,7 @@ stage_e2e() {
 stage_ctx() {
     local m long rc
     m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
-    long=$(python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the old river bank.']*24))")
+    long=$(long_prompt)
     log "ctx: checks at a long prompt (~390 tokens) on $m"
     "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$long" -n 16 --rounds 0 -c 4096 --max-nmse 10 --max-disagree 1000 2>&1 |
         tee -a "$OUT/ctx.log" | grep -E "verify ==|NMSE|greedy|hidden states, verify|FAIL"
