@@ -185,7 +185,7 @@ ncu_launch() {
     [ -n "${MK_NCU_LONG:-}" ] && p=(-p "$(long_prompt)" -c 4096)
     log "ncu: one megakernel decode launch on $m${MK_NCU_LONG:+ after the long prompt}"
     LLAMA_MEGAKERNEL=1 ncu --clock-control none -k regex:mk_decode_kernel --launch-skip 20 --launch-count 1 "$@" \
-        "$BLD/bin/test-mk" -m "$(model_path "$m")" "${p[@]}" -n 24 --rounds 0 --max-nmse 10 --max-disagree 100
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" ${p[@]+"${p[@]}"} -n 24 --rounds 0 --max-nmse 10 --max-disagree 100
 }
 
 stage_ncu() {
