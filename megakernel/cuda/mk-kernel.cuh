@@ -80,9 +80,10 @@ struct mk_dstep {
 
 // host: fill ds.n_ch/ds.ch from the step's masks ([M][n_kv] additive, -INFINITY = not seen; NULL = cache not
 // used); at least one chunk per cache (a cache nobody sees gives chunk 0, all masked: zeros, as before).
-// all: every chunk below n_kv (the behaviour before the lists, variant GGML_MK_VAR_ALL_CHUNKS); flags: the model's
-// debug_flags (GGML_MK_VAR_HALF_GROUPS: groups of MK_ATT_GROUP_HALF chunks)
-static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int M, int CH, bool all = false, int flags = 0) {
+// flags: the model's debug_flags (GGML_MK_VAR_ALL_CHUNKS: every chunk below n_kv, the behaviour before the lists;
+// GGML_MK_VAR_HALF_GROUPS: groups of MK_ATT_GROUP_HALF chunks)
+static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int M, int CH, int flags) {
+    const bool all = (flags & GGML_MK_VAR_ALL_CHUNKS) != 0;
     const int G = (flags & GGML_MK_VAR_HALF_GROUPS) ? MK_ATT_GROUP_HALF : MK_ATT_GROUP;
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
         const int n_kv = ds.n_kv[c];

@@ -40,8 +40,7 @@ struct mk_cuda {
     int grid = 0;
     int n_ctx = 0;
     int att_chunk = 8;
-    bool all_chunks = false;   // GGML_MK_VAR_ALL_CHUNKS
-    int  flags = 0;            // the model's debug_flags (mk_step_chunks: GGML_MK_VAR_HALF_GROUPS)
+    int  flags = 0;            // the model's debug_flags (mk_step_chunks: GGML_MK_VAR_ALL_CHUNKS, _HALF_GROUPS)
     bool bulk = false;         // weight tiles by cp.async.bulk (sm_90+, not GGML_MK_VAR_CP_ASYNC)
     uint64_t launches = 0;     // the grid barrier's two counts alternate per launch
     int ncu_m = 0;             // LLAMA_MEGAKERNEL_NCU_M=M: only steps of M tokens inside the profiler's range (ncu
@@ -304,7 +303,6 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     mk->args.n_chunk  = n_chunk;
     mk->n_ctx = model->n_ctx;
     mk->att_chunk = model->att_chunk;
-    mk->all_chunks = (model->debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0;
     mk->flags = model->debug_flags;
     mk->args.bar      = (unsigned *) p;       // (alternate per launch, see ggml_cuda_mk_eval)
     mk->args.bar_next = (unsigned *) p + 1;
@@ -629,7 +627,7 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         }
     }
     memcpy(ds->kv, step->kv, sizeof(ds->kv));
-    mk_step_chunks(*ds, step->mask, M, mk->att_chunk, mk->all_chunks, mk->flags);
+    mk_step_chunks(*ds, step->mask, M, mk->att_chunk, mk->flags);
     size_t off = sz_step;
     mk_args a = mk_launch_args(mk, M);
     a.st = (const mk_dstep *) mk->d_up;
@@ -731,7 +729,7 @@ int ggml_cuda_mk_draft_eval(void * h, const ggml_mk_draft_step * step) {
     for (int il = 0; il < GGML_MK_DRAFT_MAX_LAYERS; ++il) {
         ds->kv[il] = step->kv[il];   // (the draft's layers write no K/V: no cells)
     }
-    mk_step_chunks(*ds, step->mask, 1, mk->att_chunk, mk->all_chunks, mk->flags);
+    mk_step_chunks(*ds, step->mask, 1, mk->att_chunk, mk->flags);
     mk_args a = mk_launch_args(mk, 1);
     a.st = (const mk_dstep *) mk->d_up;
     size_t off = sz_step;

@@ -163,7 +163,7 @@ int main(int argc, char ** argv) {
         ds.n_tokens = 1; ds.pos[0] = pos; ds.n_kv[0] = ds.n_kv[1] = kv_size;
         for (int il = 0; il < n_layer; ++il) ds.kv[il] = view[il];
         const float * masks[2] = { mask[0].data(), mask[1].data() };
-        mk_step_chunks(ds, masks, 1, md.att_chunk, false, md.debug_flags);
+        mk_step_chunks(ds, masks, 1, md.att_chunk, md.debug_flags);
         mk_args a = {};
         a.m = &md; a.st = &ds; a.mask[0] = mask[0].data(); a.mask[1] = mask[1].data();
         a.xb[0] = s_x.data(); a.xb[1] = s_x1.data(); a.att_part = s_part.data(); a.att_cnt = s_cnt.data();

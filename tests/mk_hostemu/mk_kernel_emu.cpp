@@ -104,7 +104,7 @@ int main(int argc, char ** argv) {
         ds.n_kv[0] = ds.n_kv[1] = kv_size;
         for (int il = 0; il < n_layer; ++il) ds.kv[il] = mm.view(il, K0.data(), V0.data(), K1.data(), V1.data());
         const float * masks[2] = { mask0.data(), mask1.data() };
-        mk_step_chunks(ds, masks, M, M_.att_chunk, (M_.debug_flags & GGML_MK_VAR_ALL_CHUNKS) != 0, M_.debug_flags);
+        mk_step_chunks(ds, masks, M, M_.att_chunk, M_.debug_flags);
         grp_max = std::max({ grp_max, ds.n_grp[0], ds.n_grp[1] });
         mk_args a = {};
         a.m = &M_; a.st = &ds; a.mask[0] = mask0.data(); a.mask[1] = mask1.data();
