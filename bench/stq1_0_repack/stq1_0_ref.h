@@ -5,6 +5,11 @@
 // f16: the caller's fp16 -> float conversion of a block's scale.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
 // the ternary weight (-1, 0 or 1) at place p (0..3) of 4-weight group G (0..63) of a GGUF block: the group's 4-bit code
 // and its 5th bit select one of grid's 32 patterns, 2 bits per place; the weight is value index 64*(G/16) + G%16 + 16*p
 static inline int stq1_0_ref_w(const uint8_t * blk, const uint8_t * grid, int G, int p) {

@@ -2,6 +2,13 @@
 // host (stq1_0_rp16_emu.cpp, stq1_0_bulk_emu.cpp; CI has no GPU). Include after emu_fibers.h and ggml-common.h.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
 // fp16 -> fp32, exact (every fp16 value, subnormals included)
 static float emu_fp16_to_fp32(uint16_t h) {
     const uint32_t s = (uint32_t) (h >> 15) << 31, e = (h >> 10) & 0x1F, m = h & 0x3FF;
