@@ -16,6 +16,7 @@ per-function byte totals, and those include the cheap saves at a function's entr
 from __future__ import annotations
 
 import argparse
+import collections
 import re
 import shutil
 import subprocess
@@ -114,8 +115,9 @@ def ensure_nvdisasm() -> Path:
 
 def sass_report(cubin: Path) -> dict[str, dict]:
     """Per function of a cubin (the kernels and the device functions they call): 'instructions', 'spills' (local
-    loads/stores, STL/LDL) and 'loop_spills' (those between a backward branch and its target; the stubs after the last
-    return that branch back into the body are not loops)."""
+    loads/stores, STL/LDL), 'loop_spills' (those between a backward branch and its target; the stubs after the last
+    return that branch back into the body are not loops) and 'opcodes' (a Counter of the instructions' opcodes, without
+    predicate and modifiers: IMAD.MOV.U32 counts as IMAD)."""
     r = subprocess.run([str(ensure_nvdisasm()), "-c", "-sf", str(cubin)], capture_output=True, text=True)
     if r.returncode != 0:
         raise HarnessError(f"nvdisasm {cubin} failed:\n{r.stderr[-2000:]}")
@@ -154,8 +156,10 @@ def sass_report(cubin: Path) -> dict[str, dict]:
                     continue
                 loops.append((labels[b.group(1)], addr))
         spill = [a for a, text in ins if re.search(r"\b(STL|LDL)(\.\S+)?\s", text)]
+        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for _, text in ins)
         out[name] = {"instructions": len(ins), "spills": len(spill),
-                     "loop_spills": sum(1 for a in spill if any(s0 <= a <= s1 for s0, s1 in loops))}
+                     "loop_spills": sum(1 for a in spill if any(s0 <= a <= s1 for s0, s1 in loops)),
+                     "opcodes": ops}
     return out
 
 
