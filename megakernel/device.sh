@@ -170,14 +170,13 @@ stage_sweep() {
     done
 }
 
-# ncu over one megakernel decode launch (the 21st) of test-mk on the last model of MK_MODELS; arguments: ncu's options
 # the ~390-token prompt of stage ctx (and of ncu/ncusrc with MK_NCU_LONG=1)
 long_prompt() {
     python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the old river bank.']*24))"
 }
 
-# one decode launch under ncu (the 21st of test-mk's run on the last model of MK_MODELS); MK_NCU_LONG=1: after the long
-# prompt (the attention at ~410 cells of context: where the megakernel falls behind the graph)
+# ncu over one megakernel decode launch (the 21st) of test-mk on the last model of MK_MODELS; arguments: ncu's options;
+# MK_NCU_LONG=1: after the long prompt (the attention at ~410 cells of context: where the megakernel falls behind the graph)
 ncu_launch() {
     local m
     local -a p=()
