@@ -11,7 +11,7 @@
 #   vs the graph and MK_CTX_VARIANT), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV; both after a ~390-token prompt with MK_NCU_LONG=1), ncuv (one verify launch
 #   of MK_NCU_M tokens, default 4: sections + SASS samples; not yet run on a GPU), e2e (MTP speculation end to end
-#   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize. Logs and results under $OUT (every stage tees its full output there).
+#   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize, ab (two builds A/B, MK_AB_BASE: see stage_ab; last). Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_CHECK_ARGS (check: extra nvcc options),
 #   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
@@ -322,6 +322,48 @@ stage_sanitize() {
         local nb=""
         [ "$tool" = memcheck ] || nb="--num-cuda-barriers ${MK_SAN_BARRIERS:-8192}"
         LLAMA_MEGAKERNEL_GRID=${MK_SAN_GRID:-} compute-sanitizer --tool $tool $nb --error-exitcode 3 "$BLD/bin/test-mk" -m "$(model_path small-f16)" -n 2 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 | tee -a "$OUT/sanitize.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|test-mk:" | head -8
+    done
+}
+
+# A/B of two builds of the megakernel in alternating processes, for a change that is no run-time variant: A = this
+# tree's megakernel (stage build first), B = the megakernel sources under MK_AB_BASE (e.g. here: `mkdir -p .dev/mk-base &&
+# git archive BASE megakernel | tar -x -C .dev/mk-base`, then MK_AB_BASE=.dev/mk-base/megakernel, carried). B is built
+# in the same build tree (only what the megakernel's sources touch is rebuilt), so run this stage last: the build
+# tree is B's afterwards. Each side's bin/ is kept in a folder of its own and loaded through LD_LIBRARY_PATH (ldd
+# printed). On the last model of MK_MODELS, MK_AB_ROUNDS (default 2) rounds of A B B A: test-mk's checks and greedy tg32
+# (megakernel vs graph: the graph is the same code on both sides, so it shows the machine's drift), then tg256 after the
+# long prompt; then each side's per-phase profile after the long prompt. A change meant to keep the bits prints the
+# same check lines (NMSE, greedy) on both sides
+stage_ab() {
+    local base="${MK_AB_BASE:?MK_AB_BASE: the base megakernel sources}" m side r long
+    base="$(cd "$base" && pwd)" || return 1
+    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    long=$(long_prompt)
+    rm -rf "$WORK/bin-a" "$WORK/bin-b" && cp -a "$BLD/bin" "$WORK/bin-a" || return 1
+    log "ab: the base megakernel ($base) into the same build tree"
+    local t0=$SECONDS
+    cmake -S "$SRC" -B "$BLD" -DGGML_MEGAKERNEL_DIR="$base" > "$OUT/ab-build.log" 2>&1 &&
+        ninja -C "$BLD" -j "$JOBS" llama >> "$OUT/ab-build.log" 2>&1 &&
+        g++ -std=c++17 -O2 -o "$BLD/bin/test-mk" "$base/tests/test-mk.cpp" -I"$SRC/include" -I"$SRC/src" -I"$SRC/ggml/include" \
+            -L"$BLD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$BLD/bin" >> "$OUT/ab-build.log" 2>&1 || { tail -20 "$OUT/ab-build.log"; return 1; }
+    log "ab: base built in $((SECONDS - t0)) s"
+    cp -a "$BLD/bin" "$WORK/bin-b" || return 1
+    for side in a b; do
+        echo "side $side:"; LD_LIBRARY_PATH="$WORK/bin-$side" ldd "$WORK/bin-$side/test-mk" | grep -E "libllama|libggml"
+    done
+    for r in $(seq "${MK_AB_ROUNDS:-2}"); do
+        for side in a b b a; do
+            log "ab: round $r side $side"
+            LD_LIBRARY_PATH="$WORK/bin-$side" "$WORK/bin-$side/test-mk" -m "$(model_path "$m")" -n 16 --rounds 2 --bench-n 32 \
+                --max-nmse 10 --max-disagree 1000 2>&1 | grep -E "^speed|teacher|greedy|verify =="
+            LD_LIBRARY_PATH="$WORK/bin-$side" "$WORK/bin-$side/test-mk" -m "$(model_path "$m")" -p "$long" -n 4 --rounds 2 \
+                --bench-n 256 -c 4096 --max-nmse 10 --max-disagree 1000 2>&1 | grep -E "^speed"
+        done
+    done
+    for side in a b; do
+        log "ab: per-phase profile after the long prompt, tg256, side $side"
+        LD_LIBRARY_PATH="$WORK/bin-$side" LLAMA_MEGAKERNEL_PROFILE=1 "$WORK/bin-$side/test-mk" -m "$(model_path "$m")" -p "$long" \
+            -n 4 --rounds 1 --bench-n 256 -c 4096 --max-nmse 10 --max-disagree 1000 2>&1 | grep -E "llama_mk profile" | grep -E "token:|M=1 "
     done
 }
 

@@ -317,6 +317,19 @@ MK_DEVICE float mk_warp_sum(float v) {
     return v;
 }
 
+// mk_warp_sum of a in lanes 0..15 and of b in lanes 16..31, bit for bit (the butterfly's first step adds the pairs
+// (l, l^16) of a in the low half and of b in the high half, in either order the same bits; its other steps stay
+// inside a half): 5 shuffles for two sums instead of 10
+MK_DEVICE float mk_warp_sum2(float a, float b) {
+    const bool hi = (threadIdx.x % WARP_SIZE) >= WARP_SIZE/2;
+    float v = (hi ? b : a) + __shfl_xor_sync(0xffffffff, hi ? a : b, WARP_SIZE/2);
+#pragma unroll
+    for (int o = WARP_SIZE/4; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffff, v, o);
+    }
+    return v;
+}
+
 // the sum over each group of l consecutive lanes (l a power of 2 <= WARP_SIZE), returned to the group's lanes; where
 // the other lanes of the warp hold zeros, it is mk_warp_sum's over the group bit for bit (the butterfly's wider
 // steps would add only zeros)
@@ -580,9 +593,11 @@ static inline mk_smem mk_smem_plan(const mk_mvr * tab, int n_mv, int M, int tota
 }
 
 // where a warp is in its walk over the mat-vec: row unit u (pair: row u of both jobs), sub-row, tile
-// of the row, tile count t; job and row follow from u and sub
+// of the row, the tile's stage st (its count modulo the warp's ns stages, kept as a wrapping counter: no
+// division per tile, ncu session 17: three run-time `% ns` were a quarter of the mat-vec's instructions with
+// the rest of the walk); job and row follow from u and sub
 struct mk_it {
-    int u, sub, seg, t, job, row;
+    int u, sub, seg, st, job, row;
 };
 
 MK_DEVICE void mk_it_set(const mk_mvr & R, mk_it & it) {
@@ -611,8 +626,8 @@ MK_DEVICE mk_it mk_it_first(const mk_mvr & R) {
     return it;
 }
 
-MK_DEVICE void mk_it_next(const mk_mvr & R, mk_it & it) {
-    ++it.t;
+MK_DEVICE void mk_it_next(const mk_mvr & R, mk_it & it, int ns) {
+    it.st = it.st + 1 < ns ? it.st + 1 : 0;
     if (++it.seg < MK_J(R, it.job, nseg)) {
         return;
     }
@@ -640,9 +655,9 @@ MK_DEVICE const uint8_t * mk_tile(const mk_mvr & R, const mk_it & it, int & nbyt
     return MK_J(R, it.job, data) + (size_t) it.row*MK_J(R, it.job, nb1) + it.seg*tb;
 }
 
-// this warp's stage for tile number t (ns stages per warp)
-MK_DEVICE uint8_t * mk_stage_buf(uint8_t * ws, int ns, int t) {
-    return ws + ((threadIdx.x / WARP_SIZE)*ns + t % ns)*MK_STAGE_BYTES;
+// this warp's stage st (< ns stages per warp)
+MK_DEVICE uint8_t * mk_stage_buf(uint8_t * ws, int ns, int st) {
+    return ws + ((threadIdx.x / WARP_SIZE)*ns + st)*MK_STAGE_BYTES;
 }
 
 // wait until at most n (< MK_NS_MAX) copy groups of this thread are pending
@@ -680,9 +695,9 @@ MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws, int ns
         const uintptr_t a0 = (uintptr_t) src & ~(uintptr_t) 15;
         const uintptr_t a1 = ((uintptr_t) src + nbytes + 15) & ~(uintptr_t) 15;
         const int n16 = (int) ((a1 - a0)/16);
-        uint8_t * dst = mk_stage_buf(ws, ns, it.t);
+        uint8_t * dst = mk_stage_buf(ws, ns, it.st);
         if (bk != nullptr) {
-            mk_bulk_copy(dst, (const void *) a0, (unsigned) (16*n16), &bk[threadIdx.x / WARP_SIZE].bar[it.t % ns]);
+            mk_bulk_copy(dst, (const void *) a0, (unsigned) (16*n16), &bk[threadIdx.x / WARP_SIZE].bar[it.st]);
             return;
         }
         // marked first to leave L2: the weights stream through once per step, and they pushed code, KV rows and
@@ -696,11 +711,10 @@ MK_DEVICE void mk_fetch(const mk_mvr & R, const mk_it & it, uint8_t * ws, int ns
     }
 }
 
-// wait until this warp's tile t is in its stage: pend = the copy groups committed after it; with bk, on the stage's
-// mbarrier (ph: this warp's parities, see mk_bulk); then the warp's lanes may read the stage
-MK_DEVICE void mk_tile_wait(mk_bulk * bk, unsigned & ph, int ns, int t, int pend) {
+// wait until this warp's tile in stage st is there: pend = the copy groups committed after it; with bk, on the
+// stage's mbarrier (ph: this warp's parities, see mk_bulk); then the warp's lanes may read the stage
+MK_DEVICE void mk_tile_wait(mk_bulk * bk, unsigned & ph, int st, int pend) {
     if (bk != nullptr) {
-        const int st = t % ns;
         mk_mbar_wait(&bk[threadIdx.x / WARP_SIZE].bar[st], (ph >> st) & 1u);
         ph ^= 1u << st;
     } else {
@@ -716,7 +730,7 @@ MK_DEVICE_FN void mk_mv_begin(const mk_mvr & R, uint8_t * ws, int ns, mk_bulk * 
     for (int i = 0; i < ns - 1; ++i) {
         mk_fetch(R, it, ws, ns, bk);
         if (it.u < R.units) {
-            mk_it_next(R, it);
+            mk_it_next(R, it, ns);
         }
     }
 }
@@ -1157,7 +1171,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
 
         mk_it fe = mk_it_first(R);   // fetch: ns - 1 tiles ahead of the consumer
         for (int i = 0; i < ns - 1 && fe.u < R.units; ++i) {
-            mk_it_next(R, fe);
+            mk_it_next(R, fe, ns);
         }
         float acc[MC];
         float gs[MC];
@@ -1169,13 +1183,13 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
         for (mk_it it = mk_it_first(R); it.u < R.units; ) {
             mk_fetch(R, fe, ws, ns, bk);
             if (fe.u < R.units) {
-                mk_it_next(R, fe);
+                mk_it_next(R, fe, ns);
             }
-            mk_tile_wait(bk, ph, ns, it.t, ns - 1);
+            mk_tile_wait(bk, ph, it.st, ns - 1);
 
             int nbytes, g0, ng;
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
-            const uint8_t * base = mk_stage_buf(ws, ns, it.t) + ((uintptr_t) src & 15);
+            const uint8_t * base = mk_stage_buf(ws, ns, it.st) + ((uintptr_t) src & 15);
             const int type = MK_J(R, it.job, type);
             if (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
                 // Q4_0/Q8_0 pairs of blocks: integer dot products with the 8-bit inputs (llama.cpp's mmvq arithmetic,
@@ -1186,7 +1200,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 const bool is_q4 = type == GGML_TYPE_Q4_0;
                 const size_t cs = (size_t) KG*MK_XQ_REC;
                 mk_it nx = it;
-                mk_it_next(R, nx);
+                mk_it_next(R, nx, ns);
                 const int rpt = MK_J(R, it.job, rpt);
                 if (rpt > 1) {
                     // packed short rows (mk_jr): lane group gi (lpr lanes) takes row it.row + gi of the tile, lane p of
@@ -1204,7 +1218,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     }
                     __syncwarp(); // the stage is refilled ns - 1 tiles later
                     const mk_it r0 = it;
-                    mk_it_next(R, it);
+                    mk_it_next(R, it, ns);
                     float * y = MK_J(R, r0.job, y);
                     const int   ldy = MK_J(R, r0.job, ldy);
                     const float cap = MK_J(R, r0.job, softcap);
@@ -1225,7 +1239,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                                   MK_J(R, nx.job, type) == type && (!R.pair || it.sub == 0);
                 int nb1 = 0, g1 = 0, ng1 = 0;
                 const uint8_t * src1  = try2 ? mk_tile(R, nx, nb1, g1, ng1) : nullptr;
-                const uint8_t * base1 = src1 ? mk_stage_buf(ws, ns, nx.t) + ((uintptr_t) src1 & 15) : nullptr;
+                const uint8_t * base1 = src1 ? mk_stage_buf(ws, ns, nx.st) + ((uintptr_t) src1 & 15) : nullptr;
                 const bool two = src1 && ng1 == ng && ((uintptr_t) base1 & 3) == 0;
                 float acc1[MC];
 #pragma unroll
@@ -1233,7 +1247,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     acc1[m] = 0.0f;
                 }
                 if (two) {
-                    mk_tile_wait(bk, ph, ns, nx.t, ns - 2);
+                    mk_tile_wait(bk, ph, nx.st, ns - 2);
                     if (is_q4) {
                         mk_pairs<true, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
                     } else {
@@ -1243,25 +1257,25 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     // one more tile in flight (into the first tile's stage, read): ns - 1 ahead again
                     mk_fetch(R, fe, ws, ns, bk);
                     if (fe.u < R.units) {
-                        mk_it_next(R, fe);
+                        mk_it_next(R, fe, ns);
                     }
                     const mk_it r0 = it;
                     it = nx;
-                    mk_it_next(R, it);
+                    mk_it_next(R, it, ns);
 #pragma unroll
                     for (int m = 0; m < MC; ++m) {
                         if (MC == 1 || m < Mc) {
-                            const float s0 = mk_warp_sum(acc[m]);
-                            const float s1 = mk_warp_sum(acc1[m]);
+                            const float s = mk_warp_sum2(acc[m], acc1[m]);   // lanes 0..15: the first row's, 16..31: the second's
                             acc[m] = 0.0f;
-                            if (lane == 0) {
-                                const size_t mm = (size_t) (m0 + m);
-                                if (R.pair) {
-                                    MK_J(R, 0, y)[mm*MK_J(R, 0, ldy) + r0.row] = mk_geglu(s0, s1);
-                                } else {
-                                    MK_J(R, r0.job, y)[mm*MK_J(R, r0.job, ldy) + r0.row] = mk_softcap(s0, MK_J(R, r0.job, softcap));
-                                    MK_J(R, nx.job, y)[mm*MK_J(R, nx.job, ldy) + nx.row] = mk_softcap(s1, MK_J(R, nx.job, softcap));
+                            const size_t mm = (size_t) (m0 + m);
+                            if (R.pair) {
+                                const float s1 = __shfl_sync(0xffffffff, s, WARP_SIZE/2);
+                                if (lane == 0) {
+                                    MK_J(R, 0, y)[mm*MK_J(R, 0, ldy) + r0.row] = mk_geglu(s, s1);
                                 }
+                            } else if (lane % (WARP_SIZE/2) == 0) {
+                                const mk_it & o = lane == 0 ? r0 : nx;
+                                MK_J(R, o.job, y)[mm*MK_J(R, o.job, ldy) + o.row] = mk_softcap(s, MK_J(R, o.job, softcap));
                             }
                         }
                     }
@@ -1343,7 +1357,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             const int  sub  = it.sub;
             const int  oj   = R.pair ? 0 : it.job;   // the job whose output this row is
             const int  orow = it.row;
-            mk_it_next(R, it);
+            mk_it_next(R, it, ns);
             if (!row_done) {
                 continue;
             }
