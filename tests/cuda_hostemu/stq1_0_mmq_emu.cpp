@@ -1,12 +1,14 @@
 // Host emulation of ggml_cuda_mmq_load_tiles_stq1_0 (the STQ1_0 tile loader of mmq; CI has no GPU).
 //
 // tests/test_cuda_stq1_0_mmq_hostemu.py extracts the loader from the applied tree's
-// ggml/src/ggml-cuda/mmq-load-tiles.cuh (STQ_MMQ_LOAD_INC) and the Q8_0 tile geometry from mmq.cuh (STQ_MMQ_GEOM_INC:
-// the dp4a tile sizes and the MMA sram stride), and includes both here. Every thread of one CUDA block runs the loader
-// in turn (it has no barriers or shuffles), for a tile of I rows at a block offset kbx0 (odd: 2-mod-4 aligned blocks)
-// with the row clamp of the fallback variant (rows 0..i_max checked), in the layout of the MMA kernels (STQ_EMU_MMA) or of the dp4a kernels.
-// The tile is then read back the way ggml_cuda_mmq_vec_dot_q8_0_q8_1_{mma,dp4a} read it (int8 x_qs times the float
-// scale of each 32 values) and compared, bit for bit, with ggml's CPU dequantize_row_stq1_0.
+// ggml/src/ggml-cuda/mmq-load-tiles.cuh (STQ_MMQ_LOAD_INC), the STQ1_0 decode helpers it calls from vecdotq.cuh
+// (STQ_MMQ_HELPERS_INC, inline PTX rewritten into the emulations below) and the Q8_0 tile geometry from mmq.cuh
+// (STQ_MMQ_GEOM_INC: the dp4a tile sizes and the MMA sram stride), and includes them here. Every thread of one
+// CUDA block runs the loader in turn (it has no barriers or shuffles) for a tile of I rows at an odd block offset
+// kbx0 (2-mod-4 aligned blocks) with the row clamp of the fallback variant (rows 0..i_max are checked), in the
+// layout of the MMA kernels (STQ_EMU_MMA) or of the dp4a kernels. The tile is read back the way
+// ggml_cuda_mmq_vec_dot_q8_0_q8_1_{mma,dp4a} read it (int8 x_qs times the float scale of each 32 values) and
+// compared, bit for bit, with ggml's CPU dequantize_row_stq1_0.
 #include <cassert>
 #include <cmath>
 #include <cstdint>
@@ -61,6 +63,22 @@ static int get_int_b2(const void * x, const int & i32) {
     const uint16_t * x16 = (const uint16_t *) x;
     return (int) ((uint32_t) x16[2*i32 + 0] | ((uint32_t) x16[2*i32 + 1] << 16));
 }
+// PTX prmt.b32 without a mode: selector nibble n picks byte n & 7 of {b, a}; bit 3 replicates that byte's top bit
+static uint32_t emu_prmt(uint32_t a, uint32_t b, uint32_t c) {
+    const uint64_t in = ((uint64_t) b << 32) | a;
+    uint32_t r = 0;
+    for (int n = 0; n < 4; ++n) {
+        const int sel = (c >> (4*n)) & 0xF;
+        uint8_t byte = (in >> (8*(sel & 7))) & 0xFF;
+        if (sel & 8) {
+            byte = (byte & 0x80) ? 0xFF : 0x00;
+        }
+        r |= (uint32_t) byte << (8*n);
+    }
+    return r;
+}
+// CUDA's __byte_perm uses the low 3 bits of each selector nibble
+static uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) { return emu_prmt(x, y, s & 0x7777); }
 // per-byte subtraction without borrows between bytes
 static int __vsub4(int a, int b) {
     uint32_t r = 0;
@@ -71,6 +89,7 @@ static int __vsub4(int a, int b) {
 }
 using std::min;
 
+#include STQ_MMQ_HELPERS_INC // the STQ1_0 decode helpers of vecdotq.cuh (inline PTX emulated)
 #include STQ_MMQ_LOAD_INC
 
 int main(int argc, char ** argv) {
