@@ -63,22 +63,7 @@ static int get_int_b2(const void * x, const int & i32) {
     const uint16_t * x16 = (const uint16_t *) x;
     return (int) ((uint32_t) x16[2*i32 + 0] | ((uint32_t) x16[2*i32 + 1] << 16));
 }
-// PTX prmt.b32 without a mode: selector nibble n picks byte n & 7 of {b, a}; bit 3 replicates that byte's top bit
-static uint32_t emu_prmt(uint32_t a, uint32_t b, uint32_t c) {
-    const uint64_t in = ((uint64_t) b << 32) | a;
-    uint32_t r = 0;
-    for (int n = 0; n < 4; ++n) {
-        const int sel = (c >> (4*n)) & 0xF;
-        uint8_t byte = (in >> (8*(sel & 7))) & 0xFF;
-        if (sel & 8) {
-            byte = (byte & 0x80) ? 0xFF : 0x00;
-        }
-        r |= (uint32_t) byte << (8*n);
-    }
-    return r;
-}
-// CUDA's __byte_perm uses the low 3 bits of each selector nibble
-static uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) { return emu_prmt(x, y, s & 0x7777); }
+#include "prmt_emu.h"
 // per-byte subtraction without borrows between bytes
 static int __vsub4(int a, int b) {
     uint32_t r = 0;
