@@ -16,6 +16,11 @@ Workloads (``--workloads``, comma separated):
 * ``routed-verify``: the routed case with n = 2..5 tokens (speculative verify of an MoE model; every
   token draws its own 8 experts).
 * ``decode``: the n = 1 row of ``verify`` alone.
+* ``prefill``: 4096 x 14336 at n = 512 columns (a prompt batch: ggml-cuda's mmq, patch 0034);
+* ``routed-prefill``: the routed case with 512 tokens (mmq's MUL_MAT_ID path).
+
+The prefill workloads are not in the default list (name them). Their GB/s counts each weight byte once per call
+(for routed-prefill: every expert used at least once, at most all of them), so for them compare times, not GB/s.
 
 Working sets exceed the 60 MB L2: a MUL_MAT workload rotates among R copies of the weights (R such
 that R copies hold at least ``--min-set-mb``), a routed one draws 8 of 256 experts per call.  One
@@ -58,7 +63,9 @@ TYPES = ("stq1_0", "q4_0", "q8_0", "q1_0", "f16", "stq1_0_rp16")
 # stq1_0_rp16 are STQ1_0 placed in CUDA's RP16 repack buffer type (patch 0032: MUL_MAT; patch 0033: MUL_MAT_ID,
 # the routed expert stack in one buffer of it)
 EXTRA_BUFT = {"stq1_0_rp16": ("stq1_0", "STQ1_0_RP16")}
-WORKLOADS = ("big", "routed", "verify", "decode", "routed-verify")
+WORKLOADS = ("big", "routed", "verify", "decode", "routed-verify", "prefill", "routed-prefill")
+DEFAULT_WORKLOADS = ("big", "routed", "verify", "decode", "routed-verify")
+PREFILL_N = 512
 # offset of the fp16 scale in a block (the rest of a block is random bytes: every byte pattern of these
 # types is a valid block; scales are kept small and finite)
 SCALE_OFFSET = {"stq1_0": 40, "q4_0": 0, "q8_0": 0, "q1_0": 0}
@@ -100,6 +107,11 @@ def cases_for(workloads) -> list[Case]:
                     for n in range(2, 6)]
         elif w == "decode":
             out.append(Case("4096x14336 n=1", k=14336, m=4096, n=1))
+        elif w == "prefill":
+            out.append(Case(f"4096x14336 n={PREFILL_N}", k=14336, m=4096, n=PREFILL_N))
+        elif w == "routed-prefill":
+            out.append(Case(f"routed 256x(6144x2048) top-8 n={PREFILL_N}", k=6144, m=2048, n=PREFILL_N,
+                            n_expert=256, n_used=8))
         else:
             raise HarnessError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     return out
@@ -188,7 +200,8 @@ class Bench:
                 return None
         w_bytes = row * case.m * (case.n_expert if routed else 1)
         # weight bytes per call: the matrix (MUL_MAT, read once for all columns) or the experts used by every token
-        per_call = row * case.m * (case.n_used * case.n if routed else 1)
+        # (at most all of them: a prompt batch reads each expert once)
+        per_call = row * case.m * (min(case.n_used * case.n, case.n_expert) if routed else 1)
         copies = 1 if routed else max(2, math.ceil(min_set_mb * 2**20 / w_bytes))
         nodes = max(min_nodes, copies)
         nodes = (nodes + copies - 1) // copies * copies
@@ -343,7 +356,7 @@ def main(argv=None) -> int:
     ap.add_argument("--build", type=Path, required=True, help="CUDA build dir of the series (bin/, shared libs)")
     ap.add_argument("--device", default="CUDA0")
     ap.add_argument("--types", default=",".join(TYPES), help="comma separated; the first is the candidate")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (medians over them)")
     ap.add_argument("--graphs", type=int, default=5, help="graph computes per sample")
     ap.add_argument("--min-set-mb", type=int, default=240, help="least weight bytes a MUL_MAT rotates over")

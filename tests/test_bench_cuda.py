@@ -45,6 +45,16 @@ def test_bench_workloads_match_the_issue():
     assert len({c.name for c in rv} | set(cases)) == len(rv) + len(cases)  # row labels stay unique
 
 
+def test_bench_prefill_workloads():
+    """Prompt batches (issue 17 item 2, mmq): named only, not in the default list."""
+    (p,) = bench_cuda.cases_for(["prefill"])
+    assert (p.k, p.m, p.n, p.n_expert) == (14336, 4096, 512, 0)
+    (r,) = bench_cuda.cases_for(["routed-prefill"])
+    assert (r.k, r.m, r.n, r.n_expert, r.n_used) == (6144, 2048, 512, 256, 8)
+    assert "prefill" not in bench_cuda.DEFAULT_WORKLOADS and "routed-prefill" not in bench_cuda.DEFAULT_WORKLOADS
+    assert set(bench_cuda.DEFAULT_WORKLOADS) < set(bench_cuda.WORKLOADS)
+
+
 def test_device_script_usage():
     r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2

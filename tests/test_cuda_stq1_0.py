@@ -32,7 +32,7 @@ from stq_helpers import matrix_blocks as random_blocks
 pytestmark = pytest.mark.build
 
 MV_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8)  # mmvq
-MM_BATCHES = (9, 32, 128, 512)         # dequantize + cuBLAS
+MM_BATCHES = (9, 32, 128, 512)         # mmq (patch 0034; dequantize + cuBLAS before it)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_batch_invariance(cuda_build, g, wtype, expect_invariant):
 
 
 # ---------------------------------------------------------------------------------------------
-# MUL_MAT: decode, verify widths (mmvq), prefill (cuBLAS); non-square; odd row counts
+# MUL_MAT: decode, verify widths (mmvq), prefill (mmq); non-square; odd row counts
 
 
 @pytest.mark.parametrize("k, m", [(256, 37), (768, 100), (2048, 129), (6144, 40), (14336, 64)])
@@ -131,7 +131,7 @@ def test_mul_mat(g, T, k, m, n):
 
 
 # ---------------------------------------------------------------------------------------------
-# MUL_MAT_ID: routed experts (mmvq up to 8 tokens, per-expert cuBLAS beyond)
+# MUL_MAT_ID: routed experts (mmvq up to 8 tokens, mmq beyond)
 
 
 def routed_ids(rng, n_tokens: int, n_expert: int, n_used: int) -> np.ndarray:

@@ -21,22 +21,7 @@ extern "C" {
 #define __forceinline__ inline
 #define __restrict__
 
-// PTX prmt.b32 without a mode: selector nibble n picks byte n & 7 of {b, a}; bit 3 replicates that byte's top bit
-static uint32_t emu_prmt(uint32_t a, uint32_t b, uint32_t c) {
-    const uint64_t in = ((uint64_t) b << 32) | a;
-    uint32_t r = 0;
-    for (int n = 0; n < 4; ++n) {
-        const int sel = (c >> (4*n)) & 0xF;
-        uint8_t byte = (in >> (8*(sel & 7))) & 0xFF;
-        if (sel & 8) {
-            byte = (byte & 0x80) ? 0xFF : 0x00;
-        }
-        r |= (uint32_t) byte << (8*n);
-    }
-    return r;
-}
-// CUDA's __byte_perm uses the low 3 bits of each selector nibble
-static uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) { return emu_prmt(x, y, s & 0x7777); }
+#include "prmt_emu.h"
 static int emu_dp4a_us(uint32_t a, int b, int c) {
     for (int i = 0; i < 4; ++i) c += (int) ((a >> 8*i) & 0xFF) * (int8_t) (b >> 8*i);
     return c;
