@@ -724,8 +724,9 @@ MK_DEVICE void mk_tile_wait(mk_bulk * bk, unsigned & ph, int st, int pend) {
 }
 
 // issue this warp's first ns - 1 tiles of a mat-vec: may run before the grid barrier that
-// precedes it (the weights do not depend on the barrier), so the loads overlap the wait
-MK_DEVICE_FN void mk_mv_begin(const mk_mvr & R, uint8_t * ws, int ns, mk_bulk * bk) {
+// precedes it (the weights do not depend on the barrier), so the loads overlap the wait. Returns where the
+// fetches go on (the tile after them), for mk_mv_run: it need not walk the first ns - 1 tiles again
+MK_DEVICE_FN mk_it mk_mv_begin(const mk_mvr & R, uint8_t * ws, int ns, mk_bulk * bk) {
     mk_it it = mk_it_first(R);
     for (int i = 0; i < ns - 1; ++i) {
         mk_fetch(R, it, ws, ns, bk);
@@ -733,6 +734,7 @@ MK_DEVICE_FN void mk_mv_begin(const mk_mvr & R, uint8_t * ws, int ns, mk_bulk * 
             mk_it_next(R, it, ns);
         }
     }
+    return it;
 }
 
 // staged inputs: [m][KG groups of 36 floats], KG = ceil(K/32); values past K are zero
@@ -1023,8 +1025,8 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 #undef MK_NC
 }
 
-// the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier), unless late
-// (GGML_MK_VAR_LATE_BEGIN: this function issues them after the staging)
+// the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier) and passes
+// what it returned as fe0, unless late (GGML_MK_VAR_LATE_BEGIN: this function issues them after the staging)
 
 MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned address
     return (unsigned) *(const uint16_t *) p | ((unsigned) *(const uint16_t *) (p + 2) << 16);
@@ -1141,7 +1143,7 @@ MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, co
 // arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
 template <int MC>
 MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, int xs_bytes, int xq_bytes,
-                            uint8_t * ws, int ns, mk_bulk * bk, unsigned long long * prof, bool late) {
+                            uint8_t * ws, int ns, mk_bulk * bk, unsigned long long * prof, bool late, const mk_it & fe0) {
     if ((x.nw != nullptr) != (R.norm != 0)) {
         MK_TRAP();   // the table (mk_mv_desc) and the call disagree: the step's layout (mk_smem_plan) would be wrong
     }
@@ -1153,25 +1155,22 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
     const int K    = R.j[0].ne0;
     const int lane = threadIdx.x % WARP_SIZE;
     const int KG   = mk_kg(K);
-    const int Mcap = max(1, min(M, mk_mv_cols(R, xs_bytes, xq_bytes)));   // (mk_smem_plan: at least 1 fits)
+    // (mk_smem_plan: at least 1 fits; one-token code: no divisions)
+    const int Mcap = MC == 1 ? 1 : max(1, min(M, mk_mv_cols(R, xs_bytes, xq_bytes)));
     unsigned ph = bk != nullptr ? bk[threadIdx.x / WARP_SIZE].ph : 0u;
 
     for (int m0 = 0; m0 < M; m0 += Mcap) {
         const int Mc = min(Mcap, M - m0);
+        mk_it fe = m0 == 0 && !late ? fe0 : mk_it{};   // fetch: ns - 1 tiles ahead of the consumer
         if (m0 > 0 && !late) {
-            mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
+            fe = mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
         mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         if (late) {
-            mk_mv_begin(R, ws, ns, bk);  // (GGML_MK_VAR_LATE_BEGIN: the first tiles only now; the staging ended with a block barrier)
+            fe = mk_mv_begin(R, ws, ns, bk);  // (GGML_MK_VAR_LATE_BEGIN: the first tiles only now; the staging ended with a block barrier)
         }
         if (m0 == 0) {
             mk_prof_at(prof, MK_PH_STAGE);
-        }
-
-        mk_it fe = mk_it_first(R);   // fetch: ns - 1 tiles ahead of the consumer
-        for (int i = 0; i < ns - 1 && fe.u < R.units; ++i) {
-            mk_it_next(R, fe, ns);
         }
         float acc[MC];
         float gs[MC];
@@ -2244,6 +2243,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     MK_SHARED(mk_xin,  s_xin, 1);  // the inputs of the mat-vec being run
     MK_SHARED(mk_mvr,  s_mv, 1);   // its descriptor (from the table)
     MK_SHARED(mk_bulk, s_bulk, MK_WARPS);   // per warp: the mbarriers of its bulk copies (mk_args.bulk)
+    MK_SHARED(mk_it,   s_fe, MK_WARPS);     // per warp: where its fetches of the mat-vec begun last go on (mk_mv_begin)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
     }
@@ -2296,7 +2296,10 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         }
         __syncthreads();
         if (!late) {
-            mk_mv_begin(s_mv[0], ws, a.ns, bk);
+            const mk_it fe = mk_mv_begin(s_mv[0], ws, a.ns, bk);
+            if (threadIdx.x % WARP_SIZE == 0) {
+                s_fe[threadIdx.x / WARP_SIZE] = fe;   // (read by the warp's lanes after run's block barrier)
+            }
         }
     };
     auto run = [&](auto fx) {
@@ -2306,9 +2309,11 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         __syncthreads();
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
-            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late);
+            mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late,
+                         s_fe[threadIdx.x / WARP_SIZE]);
         } else {
-            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late);
+            mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late,
+                            s_fe[threadIdx.x / WARP_SIZE]);
         }
     };
     auto plain = [&](const float * in, int ld) {
