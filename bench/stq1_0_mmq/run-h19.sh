@@ -47,6 +47,7 @@ for case in dict.fromkeys(r["case"] for r in res):
     if a and b:
         d = b["median_us"] - a["median_us"]
         gbs = 2*a["bytes_per_call"]/(d*1e3) if d > 0 else float("nan")
-        print(f"unpack {case}: rp16 - plain = {d:.1f} us for {a['bytes_per_call']/1e6:.1f} MB -> {gbs:.0f} GB/s (read + write)")
+        mb = a["bytes_per_call"]/1e6
+        print(f"unpack {case}: rp16 - plain = {d:.1f} us for {mb:.1f} MB -> {gbs:.0f} GB/s (read + write)")
 PY
 echo "== all done, $((SECONDS - t0)) s"
