@@ -11,7 +11,9 @@ back; MUL_MAT with 1..8 columns matches ggml's dequantized weights times the ker
 the full run Hy4's 256 experts of 2048 x 6144 top-8): the stack's repack equals its experts' 2-D repacks, the round
 trip, float64 as above, every column bit-identical to its token alone and to the one-column product of its expert.
 Planted bugs (an activation permutation off by one lane, a field of the weight layout moved, an expert stride one
-tile short, the ids' row stride ignored) must make it fail. The real kernel runs on the lent H200
+tile short, the ids' row stride ignored; in the unpack kernel: shared memory staged without its swizzle, a CUDA block's
+tiles all given the row group of its first, a straddling field's top bit dropped, one bit of a scale's high byte lost)
+must make it fail. The real kernel runs on the lent H200
 (tests/test_cuda_stq1_0_rp16.py).
 """
 import os
@@ -44,6 +46,14 @@ PLANTS = [
      "ida.expert_u4      = (int64_t) (src0->nb[2]/16) - STQ1_0_RP16_TILE_BYTES/16;"),
     ("ids row stride ignored", "ida.ids_stride     = (int64_t) (ids->nb[1]/sizeof(int32_t));",
      "ida.ids_stride     = ids->ne[0];"),
+    # the unpack kernel (tiles staged in shared memory, rows written from shared memory)
+    ("unpack staging without the swizzle", "tiles[stq1_0_rp16_unpack_swz(i)] = src[tile0*TU + min(i, nt*TU - 1)];",
+     "tiles[i] = src[tile0*TU + min(i, nt*TU - 1)];"),
+    ("unpack row group of the block's first tile", "out[threadIdx.x] = (tile / ntiles)*STQ1_0_RP16_ROWS*row_bytes",
+     "out[threadIdx.x] = (tile0 / ntiles)*STQ1_0_RP16_ROWS*row_bytes"),
+    ("unpack drops a straddling field's top bit", "if (bit % 32 > 27) {\n                        v |=",
+     "if (bit % 32 > 28) {\n                        v |="),
+    ("unpack scale byte bit", "d & 0xFFFF, 16);", "d & 0xFEFF, 16);"),
 ]
 
 
