@@ -406,6 +406,7 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack) {
 struct mk_mvr {
     mk_jr j[3];
     int   pair, units, norm;
+    int   spread;   // GGML_MK_VAR_SPREAD_UNITS (mk_it_first)
 };
 
 // field f of job j (0..2) of R
@@ -423,6 +424,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack) : R.j[0];
     R.pair  = mv.pair;
     R.norm  = mv.norm;
+    R.spread = (flags & GGML_MK_VAR_SPREAD_UNITS) != 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -621,7 +623,8 @@ MK_DEVICE void mk_it_set(const mk_mvr & R, mk_it & it) {
 }
 
 MK_DEVICE mk_it mk_it_first(const mk_mvr & R) {
-    mk_it it = { (int) (blockIdx.x*MK_WARPS + threadIdx.x / WARP_SIZE), 0, 0, 0, 0, 0 };
+    const int w = threadIdx.x / WARP_SIZE;
+    mk_it it = { R.spread ? (int) (w*gridDim.x + blockIdx.x) : (int) (blockIdx.x*MK_WARPS + w), 0, 0, 0, 0, 0 };
     mk_it_set(R, it);
     return it;
 }
