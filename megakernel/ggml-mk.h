@@ -146,11 +146,12 @@ struct ggml_mk_model {
                                               // (one thread per dimension: the same bits)
 #define GGML_MK_VAR_HALF_GROUPS       0x100000 // attention groups of MK_ATT_GROUP/2 chunks (4): twice the blocks, half the warps
                                               // busy in each (other bits past one group, lossless alike)
-#define GGML_MK_VAR_SPREAD_UNITS      0x200000 // a mat-vec's units dealt to the warps block by block (warp w of block b starts at
-                                              // unit w*blocks + b), not warp by warp within a block (b*warps + w): when
-                                              // there are not many more units than warps (o proj, down: 2560 rows on 2112
-                                              // warps), the second round's units spread over every SM instead of filling
-                                              // the first blocks' warps (each row is still one warp's: the same bits)
+#define GGML_MK_VAR_BLOCK_UNITS       0x200000 // (before) a mat-vec's units dealt warp by warp within a block (warp w of block b
+                                              // starts at unit b*warps + w), not block by block (w*blocks + b): with not many
+                                              // more units than warps (o proj, down: 2560 rows on 2112 warps) the second
+                                              // round's units filled the first blocks' warps instead of spreading over every
+                                              // SM (each row is one warp's either way: the same bits; measured on the H200,
+                                              // session 18: the spread order 1.04x whole steps)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -128,12 +128,16 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # default's block-wide combine (a thread per dimension) bitwise, both the in-block and the across-groups (L2) combine
 # 0x100000: GGML_MK_VAR_HALF_GROUPS (groups of MK_ATT_GROUP/2 chunks, 1 in the emulation: up to 5 groups a step, every
 # chunk's result through the across-groups combine): lossless on its own
+# 0x200000: GGML_MK_VAR_BLOCK_UNITS (a mat-vec's units dealt warp by warp within a block, the order before the default's
+# block by block): each row is still one warp's, so the bits must not change; with the emulation's 2 blocks the two
+# orders hand every mat-vec's rows (and the packed tiles, the gate/up pairs, the q/k/v job boundaries) to other warps
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
             "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"],
             "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"],
-            "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"]}
+            "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"],
+            "0x200000": ["--variant", "0x200000", "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))

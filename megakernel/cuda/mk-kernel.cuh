@@ -406,7 +406,7 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack) {
 struct mk_mvr {
     mk_jr j[3];
     int   pair, units, norm;
-    int   spread;   // GGML_MK_VAR_SPREAD_UNITS (mk_it_first)
+    int   spread;   // units dealt block by block (mk_it_first), unless GGML_MK_VAR_BLOCK_UNITS
 };
 
 // field f of job j (0..2) of R
@@ -424,7 +424,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack) : R.j[0];
     R.pair  = mv.pair;
     R.norm  = mv.norm;
-    R.spread = (flags & GGML_MK_VAR_SPREAD_UNITS) != 0;
+    R.spread = (flags & GGML_MK_VAR_BLOCK_UNITS) == 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -622,6 +622,9 @@ MK_DEVICE void mk_it_set(const mk_mvr & R, mk_it & it) {
     it.row = r*MK_J(R, j, rpt);   // (the tile's first row)
 }
 
+// a warp's first unit: warp w of block b starts at unit w*blocks + b, so units past the first round of warps go to
+// every SM's warps in turn, not to the first blocks' (the phase lasts as long as the busiest SM: measured 1.04x on
+// the H200, session 18); R.spread = 0 (GGML_MK_VAR_BLOCK_UNITS): b*warps + w, the order before
 MK_DEVICE mk_it mk_it_first(const mk_mvr & R) {
     const int w = threadIdx.x / WARP_SIZE;
     mk_it it = { R.spread ? (int) (w*gridDim.x + blockIdx.x) : (int) (blockIdx.x*MK_WARPS + w), 0, 0, 0, 0, 0 };
