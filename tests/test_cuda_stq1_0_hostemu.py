@@ -29,6 +29,26 @@ ASM_RULES = [
 
 
 
+def function_end(text: str, at: int) -> int:
+    """The index just past the body of the function whose signature starts at `at` (braces matched)."""
+    depth, i = 0, text.index("{", at)
+    while True:
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+        if depth == 0:
+            return i
+
+
+def emulate_asm(code: str, rules, where: Path) -> str:
+    """Device code with its inline PTX replaced by the host emulation of `rules`; fails on PTX that has none."""
+    for rx, repl in rules:
+        code = rx.sub(repl, code)
+    left = re.findall(r"\basm\b.*", code)   # (asm(...) and asm volatile(...))
+    if left:
+        pytest.fail(f"{where}: inline PTX without a host emulation: {left}")
+    return code
+
+
 def extract_device_code(vecdotq: Path) -> str:
     """From the comment block before stq1_0_gpu_grid4 to the end of vec_dot_stq1_0_q8_1, PTX emulated."""
     text = vecdotq.read_text()
@@ -44,19 +64,7 @@ def extract_device_code(vecdotq: Path) -> str:
     fn = text.find("float vec_dot_stq1_0_q8_1(", first)
     if fn < 0:
         pytest.fail(f"{vecdotq}: vec_dot_stq1_0_q8_1 not found")
-    depth, i = 0, text.index("{", fn)
-    while True:
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        i += 1
-        if depth == 0:
-            break
-    code = text[start:i] + "\n"
-    for rx, repl in ASM_RULES:
-        code = rx.sub(repl, code)
-    left = re.findall(r"asm\(.*", code)
-    if left:
-        pytest.fail(f"{vecdotq}: inline PTX without a host emulation in {__file__}: {left}")
-    return code
+    return emulate_asm(text[start:function_end(text, fn)] + "\n", ASM_RULES, vecdotq)
 
 
 

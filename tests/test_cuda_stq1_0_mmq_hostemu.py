@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stq_helpers import cxx, source_tree
-from test_cuda_stq1_0_hostemu import ASM_RULES
+from test_cuda_stq1_0_hostemu import ASM_RULES, emulate_asm, function_end
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "cuda_hostemu" / "stq1_0_mmq_emu.cpp"
@@ -28,26 +28,11 @@ def extract_loader(path: Path) -> str:
     if at < 0:
         pytest.fail(f"{path}: ggml_cuda_mmq_load_tiles_stq1_0 not found (the mmq STQ1_0 loader changed: update this test)")
     start = text.rfind("template <", 0, at)
-    depth, i = 0, text.index("{", at)
-    while True:
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        i += 1
-        if depth == 0:
-            break
-    code = text[start:i] + "\n"
+    code = text[start:function_end(text, at)] + "\n"
     # the device converts the block's half d to float implicitly; on the host ggml_half is a uint16_t
     if code.count("= bxi->d;") != 1:
         pytest.fail(f"{path}: the loader's read of d changed (update this test)")
     return code.replace("= bxi->d;", "= ggml_fp16_to_fp32(bxi->d);")
-
-
-def _function_end(text: str, at: int) -> int:
-    depth, i = 0, text.index("{", at)
-    while True:
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        i += 1
-        if depth == 0:
-            return i
 
 
 def extract_helpers(path: Path) -> str:
@@ -57,13 +42,7 @@ def extract_helpers(path: Path) -> str:
     last = text.find("static __device__ __forceinline__ uint32_t stq1_0_byte_mask(")
     if first < 0 or last < 0:
         pytest.fail(f"{path}: the STQ1_0 decode helpers were not found (update this test)")
-    code = text[first:_function_end(text, last)] + "\n"
-    for rx, repl in ASM_RULES:
-        code = rx.sub(repl, code)
-    left = re.findall(r"asm\(.*", code)
-    if left:
-        pytest.fail(f"{path}: inline PTX without a host emulation: {left}")
-    return code
+    return emulate_asm(text[first:function_end(text, last)] + "\n", ASM_RULES, path)
 
 
 def extract_geometry(path: Path) -> str:

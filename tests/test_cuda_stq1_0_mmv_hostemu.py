@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stq_helpers import cxx, source_tree
-from test_cuda_stq1_0_hostemu import extract_device_code
+from test_cuda_stq1_0_hostemu import emulate_asm, extract_device_code
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "cuda_hostemu" / "stq1_0_mmv_emu.cpp"
@@ -44,13 +44,7 @@ def extract_mmv_code(mmv: Path) -> str:
     start = text.find("#define STQ1_0_MMV_TILE_BLOCKS")
     if start < 0:
         pytest.fail(f"{mmv}: STQ1_0_MMV_TILE_BLOCKS not found (the kernel changed: update this test)")
-    code = text[start:]
-    for rx, repl in MMV_RULES:
-        code = rx.sub(repl, code)
-    left = re.findall(r"asm.*", code)
-    if left:
-        pytest.fail(f"{mmv}: inline PTX without a host emulation in {__file__}: {left}")
-    return code
+    return emulate_asm(text[start:], MMV_RULES, mmv)
 
 
 @pytest.fixture(scope="module")
