@@ -1031,9 +1031,6 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 #undef MK_NC
 }
 
-// the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier) and passes
-// what it returned as fe0, unless late (GGML_MK_VAR_LATE_BEGIN: this function issues them after the staging)
-
 MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned address
     return (unsigned) *(const uint16_t *) p | ((unsigned) *(const uint16_t *) (p + 2) << 16);
 }
@@ -1145,6 +1142,8 @@ MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, co
     }
 }
 
+// the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier) and passes
+// what it returned as fe0, unless late (GGML_MK_VAR_LATE_BEGIN: this function issues them after the staging).
 // MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_M: any batch); a column's
 // arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
 template <int MC>
