@@ -20,11 +20,17 @@
 #       rpc: its own -DGGML_RPC=ON build; test-backend-ops -b RPC0 against a CUDA rpc-server on loopback
 #       (STQ_RPC_MODEL=FILE.gguf on the device adds harness/bench_rpc.py: CUDA local vs through rpc;
 #       STQ_RPC_BUILD=DIR reuses a build with -DGGML_RPC=ON and those targets, e.g. megakernel/device.sh's)
+#       sanitize: compute-sanitizer memcheck, racecheck and synccheck over the STQ1_0 kernels (mmq prompt batches,
+#       the RP16 unpack and mat-vec, the mat-vec kernels, GET_ROWS, CPY), each step under its own timeout, one line
+#       per step (status, the tool's ERROR SUMMARY, seconds; "TIMED OUT" when killed) and a table at the end ->
+#       sanitize.log; the tools' whole output -> sanitize-raw.log
 #       logs and results go to $OUT (at most 8 files come back): build.log, test.log, sanitize.log,
-#       bench.log, bench.json, ncu.log
+#       sanitize-raw.log, bench.log, bench.json, ncu.log
 #
 # Environment (remote): STQ_CUDA_FA=ON builds the FlashAttention kernels too (default OFF: they cost
-# minutes of build time and no STQ1_0 path uses them); STQ_CUDA_JOBS (default: nproc).
+# minutes of build time and no STQ1_0 path uses them); STQ_CUDA_JOBS (default: nproc); STQ_CUDA_DEADLINE=S: the
+# sanitize steps end by S seconds after `remote` started (a step not started for want of time says SKIPPED), e.g.
+# STQ_CUDA_DEADLINE=555 for `remote build sanitize` in one 600 s call.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,6 +66,7 @@ pack() {
 
 remote() {
     local stages="${*:-all}"
+    t_remote=$SECONDS
     [ "$stages" = "all" ] && stages="build test sanitize bench"
     local out="${OUT:-$DEV/out}"
     mkdir -p "$out"
@@ -122,22 +129,92 @@ remote() {
             } 2>&1 | tee -a "$out/test.log"
             ;;
         sanitize)
+            # compute-sanitizer over the STQ1_0 CUDA kernels (issue 17 item 3): memcheck, racecheck (shared-memory
+            # hazards: the mmq tiles, the RP16 unpack's swizzled tiles, the mat-vec reductions) and synccheck. One
+            # line per step (tool, case, status, the tool's ERROR SUMMARY, seconds), each step under its own
+            # `timeout` (cap below, cut to what is left before STQ_CUDA_DEADLINE, seconds since `remote` started),
+            # a table at the end; the tools' whole output goes to sanitize-raw.log. A timed-out step says so.
             {
-                echo "== $(date -u +%FT%TZ) compute-sanitizer memcheck"
-                compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
-                    "$bld/bin/test-mul-mat-batch-invariance" -b CUDA0 -t stq1_0 --quick 2>&1 | tail -25 || echo "!! memcheck: batch-invariance reported errors"
-                for op in MUL_MAT MUL_MAT_ID GET_ROWS CPY; do
-                    echo "-- test-backend-ops -o $op -p stq1_0 under memcheck"
-                    compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
-                        "$bld/bin/test-backend-ops" test -b CUDA0 -o "$op" -p stq1_0 2>&1 | grep -E 'ERROR SUMMARY|tests passed|Invalid|out of bounds' | head -10 || echo "!! memcheck: $op reported errors"
-                done
-                echo "-- test-stq1_0-rp16 --quick (RP16 MUL_MAT and MUL_MAT_ID) under memcheck"
-                GGML_CUDA_STQ1_0_REPACK=all compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
-                    "$bld/bin/test-stq1_0-rp16" -b CUDA0 --quick 2>&1 | grep -E 'ERROR SUMMARY|PASSED|FAILED|FAIL|Invalid|out of bounds' | head -10 || echo "!! memcheck: test-stq1_0-rp16 reported errors"
-                echo "-- pytest subset (cuBLAS prefill, get_rows, cpy) under memcheck"
-                (cd "$HERE" && STQ_CUDA_BUILD="$bld" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+                cd "$HERE"
+                local rows="$work/san-rows.txt" raw_all="$out/sanitize-raw.log"
+                : > "$rows"
+                echo "== $(date -u +%FT%TZ) compute-sanitizer (memcheck, racecheck, synccheck) over the STQ1_0 kernels"
+                nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+                nvcc --version | tail -2 || true
+                compute-sanitizer --version 2>&1 | tail -2 || true
+                echo "deadline: ${STQ_CUDA_DEADLINE:-none} s after the start of 'remote' (now $((SECONDS - t_remote)) s)"
+                # the prompt-batch (mmq) cases of test-backend-ops: n >= 9 columns (MUL_MAT) or tokens (MUL_MAT_ID);
+                # 1..8 take the mat-vec kernels. -p is a regex searched in the case's parameter string
+                local mmq_p='stq1_0,.*,m=[0-9]+,n=(9|[1-9][0-9]+),k='
+                echo "MMQ below = test-backend-ops -p '$mmq_p'"
+                local tbo="$bld/bin/test-backend-ops" rp16="$bld/bin/test-stq1_0-rp16" bi="$bld/bin/test-mul-mat-batch-invariance"
+                # san_step TOOL CAP_S LABEL [VAR=VALUE ...] -- PROGRAM ARGS...
+                san_step() {
+                    local tool=$1 cap=$2 label=$3
+                    shift 3
+                    local envs=()
+                    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+                    shift
+                    local lim=$cap n
+                    if [ -n "${STQ_CUDA_DEADLINE:-}" ]; then
+                        local left=$((STQ_CUDA_DEADLINE - (SECONDS - t_remote) - 15))
+                        if [ "$left" -lt "$lim" ]; then lim=$left; fi
+                    fi
+                    n=$(($(wc -l < "$rows") + 1))
+                    echo "-- [$n] $(date -u +%TZ) $tool: $label (limit ${lim} s)"
+                    if [ "$lim" -lt 15 ]; then
+                        echo "   SKIPPED: not started, ${lim} s left before the deadline"
+                        printf '%s\t%s\t%s\t%s\t%s\n' "$tool" "$label" "SKIPPED (deadline)" - - >> "$rows"
+                        return 0
+                    fi
+                    local opts=(--tool "$tool" --error-exitcode 3 --print-limit 50)
+                    if [ "$tool" = memcheck ]; then opts+=(--leak-check no); fi
+                    local f="$work/san-$n.txt" t0=$SECONDS rc=0
+                    env ${envs[@]+"${envs[@]}"} timeout -k 10 "$lim" compute-sanitizer "${opts[@]}" "$@" > "$f" 2>&1 || rc=$?
+                    local dt=$((SECONDS - t0)) status summ
+                    sed -i 's/\x1b\[[0-9;]*m//g' "$f"
+                    summ="$(grep -E 'ERROR SUMMARY' "$f" | tail -1 | sed 's/^=* *//' || true)"
+                    case $rc in
+                        0)       status="finished, clean" ;;
+                        3)       status="finished, ERRORS REPORTED by $tool" ;;
+                        124|137) status="TIMED OUT after ${lim} s (killed, not finished)" ;;
+                        *)       status="finished with rc $rc (the test failed or the tool broke: see sanitize-raw.log)" ;;
+                    esac
+                    echo "   rc $rc, ${dt} s: $status"
+                    echo "   ${summ:-no ERROR SUMMARY line}"
+                    grep -E 'RACECHECK SUMMARY|tests passed|PASSED|FAILED|OK: [0-9]+ differing|[0-9]+ passed|[0-9]+ failed' "$f" | sed 's/^/   /' | tail -4 || true
+                    # the first reports, if any (kernel, access, address, source line)
+                    grep -E '^========= ' "$f" | grep -Ev 'ERROR SUMMARY|RACECHECK SUMMARY|COMPUTE-SANITIZER|^========= *$' | head -40 | sed 's/^/   /' || true
+                    { echo "######## [$n] $tool: $label: rc $rc, ${dt} s, limit ${lim} s"; echo "######## $*"; head -c 1000000 "$f"; } >> "$raw_all"
+                    printf '%s\t%s\t%s\t%s\t%s\n' "$tool" "$label" "$status" "${summ:-no summary}" "$dt" >> "$rows"
+                }
+                # 1. memcheck: the new kernels first (RP16 unpack + 16-token mmq; mmq's 512-column / 256-expert cases
+                #    are in MUL_MAT / MUL_MAT_ID -p stq1_0), then racecheck and synccheck on the same kernels,
+                #    then the older memcheck steps (mat-vec batch invariance, GET_ROWS, CPY, the pytest subset)
+                san_step memcheck 90 "test-stq1_0-rp16 --quick, REPACK=all (RP16 mat-vec, unpack, 16 cols/tokens on mmq)" \
+                    GGML_CUDA_STQ1_0_REPACK=all -- "$rp16" -b CUDA0 --quick
+                san_step memcheck 90 "test-backend-ops -o MUL_MAT -p stq1_0 (all STQ1_0 cases, n = 1..512)" -- "$tbo" test -b CUDA0 -o MUL_MAT -p stq1_0
+                san_step memcheck 120 "test-backend-ops -o MUL_MAT_ID -p stq1_0 (all, incl. 256 experts top-8 x 512 tokens)" -- "$tbo" test -b CUDA0 -o MUL_MAT_ID -p stq1_0
+                # 2. racecheck: shared-memory hazards (10-100x slower: mmq-sized cases only for test-backend-ops)
+                san_step racecheck 120 "test-backend-ops -o MUL_MAT -p MMQ (n >= 9: mmq)" -- "$tbo" test -b CUDA0 -o MUL_MAT -p "$mmq_p"
+                san_step racecheck 150 "test-backend-ops -o MUL_MAT_ID -p MMQ (n >= 9 tokens: mmq ids path)" -- "$tbo" test -b CUDA0 -o MUL_MAT_ID -p "$mmq_p"
+                san_step racecheck 150 "test-stq1_0-rp16 --quick, REPACK=all" GGML_CUDA_STQ1_0_REPACK=all -- "$rp16" -b CUDA0 --quick
+                # 3. synccheck: barriers in divergent code, invalid __syncwarp masks
+                san_step synccheck 60 "test-backend-ops -o MUL_MAT -p MMQ (n >= 9: mmq)" -- "$tbo" test -b CUDA0 -o MUL_MAT -p "$mmq_p"
+                san_step synccheck 90 "test-backend-ops -o MUL_MAT_ID -p MMQ (n >= 9 tokens: mmq ids path)" -- "$tbo" test -b CUDA0 -o MUL_MAT_ID -p "$mmq_p"
+                san_step synccheck 60 "test-stq1_0-rp16 --quick, REPACK=all" GGML_CUDA_STQ1_0_REPACK=all -- "$rp16" -b CUDA0 --quick
+                # 4. the older memcheck steps
+                san_step memcheck 60 "test-mul-mat-batch-invariance -t stq1_0 --quick (mat-vec kernels)" -- "$bi" -b CUDA0 -t stq1_0 --quick
+                san_step memcheck 40 "test-backend-ops -o GET_ROWS -p stq1_0" -- "$tbo" test -b CUDA0 -o GET_ROWS -p stq1_0
+                san_step memcheck 40 "test-backend-ops -o CPY -p stq1_0" -- "$tbo" test -b CUDA0 -o CPY -p stq1_0
+                san_step memcheck 60 "pytest subset (cuBLAS prefill, get_rows, cpy, e8-top2)" STQ_CUDA_BUILD="$bld" -- \
                     python3 -m pytest -q -p no:cacheprovider tests/test_cuda_stq1_0.py \
-                    -k "(test_mul_mat and 768-100 and (-9 or -32)) or get_rows or cpy or (e8-top2)" 2>&1 | grep -E 'ERROR SUMMARY|passed|failed|Invalid' | tail -8) || echo "!! memcheck: pytest subset reported errors"
+                    -k "(test_mul_mat and 768-100 and (-9 or -32)) or get_rows or cpy or (e8-top2)"
+                echo "== $(date -u +%FT%TZ) compute-sanitizer summary ($((SECONDS - t_remote)) s after the start of 'remote')"
+                printf '%-10s | %-100s | %-50s | %-30s | %s\n' tool case status "ERROR SUMMARY" seconds
+                while IFS=$'\t' read -r a b c d e; do
+                    printf '%-10s | %-100s | %-50s | %-30s | %s\n' "$a" "$b" "$c" "$d" "$e"
+                done < "$rows"
             } 2>&1 | tee -a "$out/sanitize.log"
             ;;
         bench)
@@ -278,5 +355,5 @@ PYEOF
 case "${1:-}" in
     pack)   shift; pack "$@" ;;
     remote) shift; remote "$@" ;;
-    *)      sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 2 ;;
+    *)      sed -n '2,33p' "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
