@@ -152,6 +152,9 @@ struct ggml_mk_model {
                                               // round's units filled the first blocks' warps instead of spreading over every
                                               // SM (each row is one warp's either way: the same bits; measured on the H200,
                                               // session 18: the spread order 1.04x whole steps)
+#define GGML_MK_VAR_WIDE_M            0x400000 // (before) steps of 2..4 tokens (verify batches of k <= 3) through the mat-vec and
+                                              // staging code made for any batch (MK_M columns: the per-column sums of squares
+                                              // and norms indexed at run time, in local memory), not the code for at most 4
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -131,13 +131,16 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # 0x200000: GGML_MK_VAR_BLOCK_UNITS (a mat-vec's units dealt warp by warp within a block, the order before the default's
 # block by block): each row is still one warp's, so the bits must not change; with the emulation's 2 blocks the two
 # orders hand every mat-vec's rows (and the packed tiles, the gate/up pairs, the q/k/v job boundaries) to other warps
+# 0x400000: GGML_MK_VAR_WIDE_M (verify batches of 2..4 tokens through the any-batch code, MK_M columns, before the code
+# made for at most MK_MC_SMALL = 4): bitwise the default's; the emulation's verify M=4 takes the small code by default
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
             "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"],
             "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"],
             "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"],
-            "0x200000": ["--variant", "0x200000", "--vs-default"]}
+            "0x200000": ["--variant", "0x200000", "--vs-default"],
+            "0x400000": ["--variant", "0x400000", "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))

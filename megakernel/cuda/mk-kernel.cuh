@@ -20,6 +20,10 @@
 #define MK_M       GGML_MK_MAX_TOKENS
 
 static_assert(MK_M <= MK_WARPS, "one warp per column in the norm prologues");
+// steps of 2..MK_MC_SMALL tokens (verify batches of k <= 3 drafts) run the mat-vec code made for at most MK_MC_SMALL
+// columns: per-column values in registers, loops over 4 columns, not MK_M (a column's arithmetic is the same)
+#define MK_MC_SMALL 4
+static_assert(MK_MC_SMALL < MK_M, "the any-batch code covers more columns than the small one");
 
 // The block's shared memory for a step (laid out by the host per step size, mk_smem_plan): the staged
 // inputs of a mat-vec (xs), their 8-bit records (xq), and the weight stages (the rest). Fewer columns
@@ -407,6 +411,7 @@ struct mk_mvr {
     mk_jr j[3];
     int   pair, units, norm;
     int   spread;   // units dealt block by block (mk_it_first), unless GGML_MK_VAR_BLOCK_UNITS
+    int   small;    // steps of 2..MK_MC_SMALL tokens run mk_mv_run<MK_MC_SMALL>, unless GGML_MK_VAR_WIDE_M
 };
 
 // field f of job j (0..2) of R
@@ -425,6 +430,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.pair  = mv.pair;
     R.norm  = mv.norm;
     R.spread = (flags & GGML_MK_VAR_BLOCK_UNITS) == 0;
+    R.small  = (flags & GGML_MK_VAR_WIDE_M) == 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -778,28 +784,72 @@ MK_DEVICE float4 mk_scale4(const float4 & a, float s) {
     return mk_f4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
 }
 
+// f(m) for each column m < Mc of a pass (Mc <= MC): for MC <= MK_MC_SMALL unrolled, so that per-column arrays
+// indexed by m stay in registers; else a run-time loop (small code: the staging runs from a cold instruction cache)
+template <int MC, typename F>
+MK_DEVICE void mk_cols(int Mc, F f) {
+    if constexpr (MC <= MK_MC_SMALL) {
+        MK_UNROLL
+        for (int m = 0; m < MC; ++m) {
+            if (MC == 1 || m < Mc) {
+                f(m);
+            }
+        }
+    } else {
+#pragma unroll 1
+        for (int m = 0; m < Mc; ++m) {
+            f(m);
+        }
+    }
+}
+
+// v[m] of a per-column array, m known at run time only: selects over registers where MC <= MK_MC_SMALL
+template <int MC>
+MK_DEVICE float mk_col_get(const float (&v)[MC], int m) {
+    if constexpr (MC <= MK_MC_SMALL) {
+        float r = v[0];
+        MK_UNROLL
+        for (int c = 1; c < MC; ++c) {
+            r = c == m ? v[c] : r;
+        }
+        return r;
+    } else {
+        return v[m];
+    }
+}
+
+template <int MC>
+MK_DEVICE void mk_col_set(float (&v)[MC], int m, float x) {
+    if constexpr (MC <= MK_MC_SMALL) {
+        MK_UNROLL
+        for (int c = 0; c < MC; ++c) {
+            v[c] = c == m ? x : v[c];
+        }
+    } else {
+        v[m] = x;
+    }
+}
+
 // ss[m] (m < Mc <= MC) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
 // warps in order), returned to every thread; red: MK_WARPS*MK_M floats not in use by another sum
 template <int MC>
-MK_DEVICE void mk_block_sums(float * ss, int Mc, float * red) {
+MK_DEVICE void mk_block_sums(float (&ss)[MC], int Mc, float * red) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-#pragma unroll 1
-    for (int m = 0; m < (MC == 1 ? 1 : Mc); ++m) {
+    mk_cols<MC>(Mc, [&](int m) {
         const float s = mk_warp_sum(ss[m]);
         if (lane == 0) {
             red[warp*MK_M + m] = s;
         }
-    }
+    });
     __syncthreads();
-#pragma unroll 1
-    for (int m = 0; m < (MC == 1 ? 1 : Mc); ++m) {
+    mk_cols<MC>(Mc, [&](int m) {
         float t = 0.0f;
         for (int w = 0; w < MK_WARPS; ++w) {
             t += red[w*MK_M + m];
         }
         ss[m] = t;
-    }
+    });
 }
 
 // the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
@@ -853,9 +903,10 @@ MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_T
 // residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out); with nw it
 // is rmsnorm(a')*nw (block 0 also writes it to nw_out, if given). Global round trips: one for rms(h) (if any),
 // one for the values (MK_SB slots per thread in flight); the norm scale and the 8-bit rounding then work on
-// shared memory and registers only. Small code on purpose (the columns are a run-time loop): every phase runs
-// it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1: one-token
-// steps, the per-column values in registers; MK_M: any batch); a column's arithmetic is the same in both.
+// shared memory and registers only. Small code on purpose (the columns of the any-batch code are a run-time loop):
+// every phase runs it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1:
+// one-token steps; MK_MC_SMALL: small verify batches, both with the per-column values in registers; MK_M: any
+// batch); a column's arithmetic is the same in all.
 template <int MC>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
@@ -869,20 +920,16 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const bool res = x.res_h != nullptr;
     const bool gl  = x.mode == MK_X_GEGLU;
     const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
-    float ss[MC];   // per column: sums of squares, then 1/rms (run-time indexed unless MC = 1)
+    float ss[MC];   // per column: sums of squares, then 1/rms (in registers for MC <= MK_MC_SMALL: mk_cols, mk_col_get)
     float rh[MC];
 #define MK_COL(it) (MC == 1 ? 0 : (it).m)   // an item's column (a one-column pass: 0)
-#define MK_NC     (MC == 1 ? 1 : Mc)
     const int  fe  = t + NJ*MK_THREADS;                     // (mk_item_next)
     // every item in one batch (a one-token step's column): the pending residual's rms is taken from the batch's
     // loads below (the same values and sums in the same order as this separate round of loads)
     const bool one = NI <= MK_SB;
 
     if (res && !one) {
-#pragma unroll 1
-        for (int m = 0; m < MK_NC; ++m) {
-            ss[m] = 0.0f;
-        }
+        mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
         mk_item it = { 0, t };
 #pragma unroll 1
         for (int i0 = 0; i0 < NI; i0 += MK_SB) {
@@ -897,22 +944,16 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
                 if (i0 + b < NI) {
-                    ss[mb[b]] = mk_sq4(v[b], ss[mb[b]]);
+                    mk_col_set<MC>(ss, mb[b], mk_sq4(v[b], mk_col_get<MC>(ss, mb[b])));
                 }
             }
         }
         mk_block_sums<MC>(ss, Mc, red);
-#pragma unroll 1
-        for (int m = 0; m < MK_NC; ++m) {
-            rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
-        }
+        mk_cols<MC>(Mc, [&](int m) { rh[m] = 1.0f/sqrtf(ss[m]/K + eps); });
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
 
-#pragma unroll 1
-    for (int m = 0; m < MK_NC; ++m) {
-        ss[m] = 0.0f;
-    }
+    mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
     mk_item it = { 0, t };
 #pragma unroll 1
     for (int i0 = 0; i0 < NI; i0 += MK_SB) {
@@ -934,22 +975,18 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             vn[b] = ok && x.nw ? ((const float4 *) x.nw)[f] : z4;
         }
         if (res && one) {
-#pragma unroll 1
-            for (int m = 0; m < MK_NC; ++m) {
-                ss[m] = 0.0f;
-            }
+            mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {   // (i0 = 0: the batch holds every item)
                 if (b < NI) {
-                    ss[mb[b]] = mk_sq4(vb[b], ss[mb[b]]);
+                    mk_col_set<MC>(ss, mb[b], mk_sq4(vb[b], mk_col_get<MC>(ss, mb[b])));
                 }
             }
             mk_block_sums<MC>(ss, Mc, red);
-#pragma unroll 1
-            for (int m = 0; m < MK_NC; ++m) {
+            mk_cols<MC>(Mc, [&](int m) {
                 rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
                 ss[m] = 0.0f;
-            }
+            });
             mk_prof_at(prof, MK_PH_ST_RMS);
         }
         MK_UNROLL
@@ -966,7 +1003,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 v = mk_f4(__fmul_rn(mk_gelu(v.x), vb[b].x), __fmul_rn(mk_gelu(v.y), vb[b].y),
                           __fmul_rn(mk_gelu(v.z), vb[b].z), __fmul_rn(mk_gelu(v.w), vb[b].w));
             } else if (res) {
-                const float4 hn = mk_mul4(mk_scale4(vb[b], rh[m]), vw[b]);
+                const float4 hn = mk_mul4(mk_scale4(vb[b], mk_col_get<MC>(rh, m)), vw[b]);
                 v = mk_scale4(mk_f4(__fadd_rn(v.x, hn.x), __fadd_rn(v.y, hn.y), __fadd_rn(v.z, hn.z), __fadd_rn(v.w, hn.w)),
                               x.res_scale);
                 if (blockIdx.x == 0 && f < F4) {
@@ -974,7 +1011,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 }
             }
             if (x.nw) {
-                ss[m] = mk_sq4(v, ss[m]);
+                mk_col_set<MC>(ss, m, mk_sq4(v, mk_col_get<MC>(ss, m)));
                 v = mk_mul4(v, vn[b]);
             }
             if (direct) {
@@ -991,10 +1028,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     }
     if (x.nw) {
         mk_block_sums<MC>(ss, Mc, red + MK_WARPS*MK_M);
-#pragma unroll 1
-        for (int m = 0; m < MK_NC; ++m) {
-            ss[m] = 1.0f/sqrtf(ss[m]/K + eps);
-        }
+        mk_cols<MC>(Mc, [&](int m) { ss[m] = 1.0f/sqrtf(ss[m]/K + eps); });
     } else {
         __syncthreads();
     }
@@ -1012,7 +1046,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             float4 * p = (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
             float4 v = ok ? *p : z4;
             if (x.nw) {
-                v = mk_scale4(v, ss[m]);
+                v = mk_scale4(v, mk_col_get<MC>(ss, m));
                 if (ok) {
                     *p = v;
                 }
@@ -1028,7 +1062,6 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         mk_prof_at(prof, MK_PH_ST_Q8);
     }
 #undef MK_COL
-#undef MK_NC
 }
 
 MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned address
@@ -1144,13 +1177,22 @@ MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, co
 
 // the mat-vec; the caller issued mk_mv_begin(mv) before (and, typically, before the grid barrier) and passes
 // what it returned as fe0, unless late (GGML_MK_VAR_LATE_BEGIN: this function issues them after the staging).
-// MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_M: any batch); a column's
-// arithmetic is the same in both, so a verify batch still equals its one-token steps bit for bit
+// MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_MC_SMALL: verify batches of
+// up to 4; MK_M: any batch); a column's arithmetic is the same in all, so a verify batch still equals its one-token
+// steps bit for bit
 template <int MC>
 MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, int xs_bytes, int xq_bytes,
                             uint8_t * ws, int ns, mk_bulk * bk, unsigned long long * prof, bool late, const mk_it & fe0) {
     if ((x.nw != nullptr) != (R.norm != 0)) {
         MK_TRAP();   // the table (mk_mv_desc) and the call disagree: the step's layout (mk_smem_plan) would be wrong
+    }
+    if constexpr (MC > MK_MC_SMALL) {
+        // a small verify batch: the code made for at most MK_MC_SMALL columns (called from here, not from the step,
+        // so that the kernel's body keeps two call sites per mat-vec and its register allocation)
+        if (M > 1 && M <= MK_MC_SMALL && R.small) {
+            mk_mv_run<MK_MC_SMALL>(R, x, M, eps, xs, xs_bytes, xq_bytes, ws, ns, bk, prof, late, fe0);
+            return;
+        }
     }
     const bool q8 = mk_mv_q8(R);
     // only 8-bit inputs are needed (every job Q4_0/Q8_0) and there is no norm: the records alone, made as the
@@ -2316,7 +2358,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
             mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late,
                          s_fe[threadIdx.x / WARP_SIZE]);
-        } else {
+        } else {   // (2..MK_MC_SMALL tokens: mk_mv_run<MK_M> calls the code made for them)
             mk_mv_run<MK_M>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late,
                             s_fe[threadIdx.x / WARP_SIZE]);
         }
