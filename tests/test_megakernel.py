@@ -194,6 +194,26 @@ def test_cuda_kernel_on_host_without_grid_barriers_fails(kernel_emu):
     assert r.returncode != 0 and "FAIL" in r.stdout, "grid barriers off went unnoticed:\n" + r.stdout[-3000:]
 
 
+def test_cuda_kernel_on_host_small_batch_code_planted_bug_fails(tmp_path, cpu_build):
+    """the verify step of M = 4 must take the code made for up to MK_MC_SMALL columns by default, and variant 0x400000
+    must not (else the 0x400000 run's bitwise comparison compares the any-batch code with itself): a planted bug in
+    that code (every column reads column 0's sum of squares / 1/rms) fails the default run and passes 0x400000's"""
+    kernel = MK / "cuda" / "mk-kernel.cuh"
+    old, new = "r = c == m ? v[c] : r;", "r = v[0];"
+    text = kernel.read_text()
+    assert text.count(old) == 1, f"mutation target not (once) in {kernel} (update the test): {old}"
+    mut = tmp_path / "inc"
+    mut.mkdir()
+    (mut / kernel.name).write_text(text.replace(old, new, 1))
+    exe = _build_kernel_emu(tmp_path / "mk_kernel_emu", cpu_build, first_inc=mut)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL verify M=4", r.stdout, re.M), \
+        f"a bug in the small-batch code went unnoticed (does verify M=4 still take it?):\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe), "--variant", "0x400000"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
+        f"variant 0x400000 still runs the small-batch code:\n{r.stdout[-3000:]}"
+
+
 # planted bugs in the heads fold (GGML_MK_VAR_FOLD_HEADS), run where every layer step folds: the step's new K/V rows not
 # written to the cache; no block barrier between a block's cache writes and its chunks reading them back; every token's
 # rows written to the first token's cell (the verify step's mapping)
