@@ -82,13 +82,14 @@ stage_build() {
 stage_models() {
     for m in ${MK_MODELS:-small}; do
         case "$m" in
-        small|small-f16|small-h)
-            local mt=Q4_0 hg=0
+        small|small-f16|small-h|tiny-f16)
+            local mt=Q4_0 hg=0 nv=0
             [ "$m" != small ] && mt=F16
             [ "$m" = small-h ] && hg=1   # the assistant reads the target's hidden state strongly (server: draft-mtp)
+            [ "$m" = tiny-f16 ] && nv=4096   # the tokenizer's first 4096 tokens: a 64x smaller LM head (racecheck)
             [ -f "$MODELS/$m/gemma4-synth-target.gguf" ] || \
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/harness/synth_gemma4.py" --matrix-type $mt --h-gain $hg \
-                    --tokenizer-from "$DEV/mk/tokenizer.gguf" --out-dir "$MODELS/$m" | tail -1 ;;
+                    --n-vocab $nv --tokenizer-from "$DEV/mk/tokenizer.gguf" --out-dir "$MODELS/$m" | tail -1 ;;
         gemma3)
             [ -f "$MODELS/gemma3.gguf" ] || { echo "gemma3: not received (stage receive)"; return 1; } ;;
         e2b|e4b)
@@ -122,7 +123,7 @@ stage_receive() {
 
 model_path() {
     case "$1" in
-    small|small-f16|small-h) echo "$MODELS/$1/gemma4-synth-target.gguf" ;;
+    small|small-f16|small-h|tiny-f16) echo "$MODELS/$1/gemma4-synth-target.gguf" ;;
     *)     echo "$MODELS/$1.gguf" ;;
     esac
 }
@@ -315,14 +316,49 @@ stage_server() {
     return "${PIPESTATUS[0]}"
 }
 
+# compute-sanitizer over test-mk on the small F16 pair (-n 2: teacher-forced and greedy steps, verify M = 2..8).
+# racecheck tracks every shared-memory access of a block: on the whole grid it never finished (sessions 8-19), nor on
+# one block of the small F16 pair with only the megakernel instrumented (session 20: > 95 s before the first step's
+# result: its LM head has 262144 rows). So by default it runs on ONE block (LLAMA_MEGAKERNEL_GRID=${MK_SAN_RACE_GRID:-1}),
+# on the same pair with the tokenizer's first 4096 tokens (model tiny-f16, made here if missing; MK_SAN_RACE_MODEL),
+# with only the megakernel's kernels instrumented (--kernel-name kns=mk_, where the tool has the option; the graph's
+# kernels of the reference context then run uninstrumented). Each tool runs under a cap (MK_SAN_CAP seconds, default
+# 400); a tool that reaches it is reported as "TIMED OUT (not finished)" and fails the stage, as do reported errors
 stage_sanitize() {
+    local tool nb grid filt rc bad=0 t0
+    filt=""
+    # (the help into a variable first: `| grep -q` under pipefail would fail the probe when grep closes the pipe early)
+    local help
+    help="$(compute-sanitizer --help 2>/dev/null)"
+    if grep -q -- "--kernel-name" <<< "$help"; then
+        filt="--kernel-name kns=mk_"
+    fi
     for tool in ${MK_SAN_TOOLS:-memcheck synccheck racecheck}; do
-        log "compute-sanitizer $tool"
         # (racecheck and synccheck track every mbarrier of the grid: 16 warps x the weight stages per block)
-        local nb=""
+        nb=""; grid="${MK_SAN_GRID:-}"
         [ "$tool" = memcheck ] || nb="--num-cuda-barriers ${MK_SAN_BARRIERS:-8192}"
-        LLAMA_MEGAKERNEL_GRID=${MK_SAN_GRID:-} compute-sanitizer --tool $tool $nb --error-exitcode 3 "$BLD/bin/test-mk" -m "$(model_path small-f16)" -n 2 --rounds 0 --max-nmse 10 --max-disagree 100 2>&1 | tee -a "$OUT/sanitize.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|test-mk:" | head -8
+        local f="" m=small-f16
+        if [ "$tool" = racecheck ]; then
+            grid="${MK_SAN_GRID:-${MK_SAN_RACE_GRID:-1}}"
+            f="$filt"
+            m="${MK_SAN_RACE_MODEL:-tiny-f16}"
+        fi
+        MK_MODELS=$m stage_models || return 1
+        log "compute-sanitizer $tool on $m (grid: ${grid:-whole}; kernels: ${f:-all}; cap ${MK_SAN_CAP:-400} s)"
+        t0=$SECONDS
+        # shellcheck disable=SC2086
+        LLAMA_MEGAKERNEL_GRID=$grid timeout -k 5 "${MK_SAN_CAP:-400}" compute-sanitizer --tool $tool $nb $f --error-exitcode 3 \
+            "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 2 --rounds 0 --max-nmse 10 --max-disagree 100 > "$OUT/sanitize-$tool.log" 2>&1
+        rc=$?
+        cat "$OUT/sanitize-$tool.log" >> "$OUT/sanitize.log"
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Hazard|test-mk:|^verify ==|^teacher" "$OUT/sanitize-$tool.log" | head -8
+        case $rc in
+            0)       echo "$tool: rc 0 in $((SECONDS - t0)) s" ;;
+            124|137) echo "$tool: TIMED OUT (not finished) after $((SECONDS - t0)) s"; bad=1 ;;
+            *)       echo "$tool: rc $rc in $((SECONDS - t0)) s (3: errors reported)"; bad=1 ;;
+        esac
     done
+    return $bad
 }
 
 # A/B of two builds of the megakernel in alternating processes, for a change that is no run-time variant: A = this
