@@ -91,7 +91,8 @@ def _build_kernel_emu(exe: Path, cpu_build: Path, first_inc: Path | None = None)
     src = source_tree(cpu_build)
     lib = cpu_build / "bin"
     inc = [f"-I{first_inc}"] if first_inc else []
-    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_SB=3", *inc, f"-I{src}/ggml/include",
+    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_SB=3", "-DMK_SB_DEEP_V=2", *inc,
+           f"-I{src}/ggml/include",
            f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{KERNEL_EMU.parent}", str(KERNEL_EMU), "-o", str(exe),
            f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -141,7 +142,7 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"],
             "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"],
             "0x200000": ["--variant", "0x200000", "--vs-default"],
-            "0x400000": ["--variant", "0x400000", "--vs-default"]}
+            "0x400000": ["--variant", "0x400000", "--vs-default"], "0x800000": ["--variant", "0x800000", "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -212,6 +213,28 @@ def test_cuda_kernel_on_host_small_batch_code_planted_bug_fails(tmp_path, cpu_bu
     r = subprocess.run([str(exe), "--variant", "0x400000"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
         f"variant 0x400000 still runs the small-batch code:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_deep_staging_planted_bug_fails(tmp_path, cpu_build):
+    """variant 0x800000 (GGML_MK_VAR_DEEP_STAGE) must take the deeper load batches in the verify step of M = 4 (the
+    emulation builds them as 12 slots for the rms round, 2 for the values, against the default's 3 and 3), else its
+    bitwise comparison with the default compares the default with itself: a planted bug in the deep rms round only
+    (its second slot's square left out of the sum) passes the default run and fails the variant's"""
+    kernel = MK / "cuda" / "mk-kernel.cuh"
+    old = "            for (int b = 0; b < SBR; ++b) {\n                if (i0 + b < NI) {"
+    new = "            for (int b = 0; b < SBR; ++b) {\n                if (i0 + b < NI && (SBR == MK_SB || b != 1)) {"
+    text = kernel.read_text()
+    assert text.count(old) == 1, f"mutation target not (once) in {kernel} (update the test): {old}"
+    mut = tmp_path / "inc"
+    mut.mkdir()
+    (mut / kernel.name).write_text(text.replace(old, new, 1))
+    exe = _build_kernel_emu(tmp_path / "mk_kernel_emu", cpu_build, first_inc=mut)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
+        f"the planted bug reached the default kernel (the default's batches are MK_SB):\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe), "--variant", "0x800000", "--vs-default"], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL (verify M=4|variant 0x800000)", r.stdout, re.M), \
+        f"a bug in the deep staging went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
 
 
 # planted bugs in the heads fold (GGML_MK_VAR_FOLD_HEADS), run where every layer step folds: the step's new K/V rows not

@@ -411,7 +411,8 @@ struct mk_mvr {
     mk_jr j[3];
     int   pair, units, norm;
     int   spread;   // units dealt block by block (mk_it_first), unless GGML_MK_VAR_BLOCK_UNITS
-    int   small;    // steps of 2..MK_MC_SMALL tokens run mk_mv_run<MK_MC_SMALL>, unless GGML_MK_VAR_WIDE_M
+    int   small;    // steps of 2..MK_MC_SMALL tokens run mk_mv_run<MK_MC_SMALL>, unless GGML_MK_VAR_WIDE_M (0); 2: with
+                    // the staging's deeper load batches (GGML_MK_VAR_DEEP_STAGE)
 };
 
 // field f of job j (0..2) of R
@@ -430,7 +431,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.pair  = mv.pair;
     R.norm  = mv.norm;
     R.spread = (flags & GGML_MK_VAR_BLOCK_UNITS) == 0;
-    R.small  = (flags & GGML_MK_VAR_WIDE_M) == 0;
+    R.small  = (flags & GGML_MK_VAR_WIDE_M) ? 0 : (flags & GGML_MK_VAR_DEEP_STAGE) ? 2 : 1;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -760,6 +761,16 @@ MK_DEVICE int mk_kg(int K) {
 #ifndef MK_SB
 #define MK_SB 2
 #endif
+// GGML_MK_VAR_DEEP_STAGE's load batches for steps of 2..MK_MC_SMALL tokens (mk_stage's SBR and SBV): every column's
+// slots of the rms round at once; the values MK_SB slots at a time as before (2*MK_SB: mk_stage<4, 8, 4> spilled 99
+// times, 77 in loops, against 27 / 12, ptxas of CUDA 12.8 for sm_90; the host emulation sets SBV = 2 against its
+// MK_SB = 3, so that the value batches differ from the default's there too)
+#ifndef MK_SB_DEEP_R
+#define MK_SB_DEEP_R (MK_SB*MK_MC_SMALL)
+#endif
+#ifndef MK_SB_DEEP_V
+#define MK_SB_DEEP_V MK_SB
+#endif
 
 MK_DEVICE float4 mk_f4(float a, float b, float c, float d) {
     float4 r;
@@ -906,8 +917,10 @@ MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_T
 // shared memory and registers only. Small code on purpose (the columns of the any-batch code are a run-time loop):
 // every phase runs it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1:
 // one-token steps; MK_MC_SMALL: small verify batches, both with the per-column values in registers; MK_M: any
-// batch); a column's arithmetic is the same in all.
-template <int MC>
+// batch); a column's arithmetic is the same in all. SBR / SBV: the slots per thread whose loads are in flight at once in
+// the pending residual's rms round / in the values' round (MK_SB each by default; GGML_MK_VAR_DEEP_STAGE: deeper for
+// small verify batches, see mk_mv_run); the same items in the same order and the same sums, so the same bits.
+template <int MC, int SBR = MK_SB, int SBV = MK_SB>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
     MK_SHARED(float, red, 2*MK_WARPS*MK_M);
@@ -926,23 +939,23 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const int  fe  = t + NJ*MK_THREADS;                     // (mk_item_next)
     // every item in one batch (a one-token step's column): the pending residual's rms is taken from the batch's
     // loads below (the same values and sums in the same order as this separate round of loads)
-    const bool one = NI <= MK_SB;
+    const bool one = NI <= SBV;
 
     if (res && !one) {
         mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
         mk_item it = { 0, t };
 #pragma unroll 1
-        for (int i0 = 0; i0 < NI; i0 += MK_SB) {
-            float4 v[MK_SB];
-            int    mb[MK_SB];
+        for (int i0 = 0; i0 < NI; i0 += SBR) {
+            float4 v[SBR];
+            int    mb[SBR];
             MK_UNROLL
-            for (int b = 0; b < MK_SB; ++b) {
+            for (int b = 0; b < SBR; ++b) {
                 mb[b] = MK_COL(it);
                 v[b] = i0 + b < NI && it.f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + mb[b])*x.lda) + it.f) : z4;
                 mk_item_next(it, t, fe);
             }
             MK_UNROLL
-            for (int b = 0; b < MK_SB; ++b) {
+            for (int b = 0; b < SBR; ++b) {
                 if (i0 + b < NI) {
                     mk_col_set<MC>(ss, mb[b], mk_sq4(v[b], mk_col_get<MC>(ss, mb[b])));
                 }
@@ -956,11 +969,11 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
     mk_item it = { 0, t };
 #pragma unroll 1
-    for (int i0 = 0; i0 < NI; i0 += MK_SB) {
-        float4 va[MK_SB], vb[MK_SB], vw[MK_SB], vn[MK_SB];
-        int    mb[MK_SB], fb[MK_SB];   // the items' columns and slots
+    for (int i0 = 0; i0 < NI; i0 += SBV) {
+        float4 va[SBV], vb[SBV], vw[SBV], vn[SBV];
+        int    mb[SBV], fb[SBV];   // the items' columns and slots
         MK_UNROLL
-        for (int b = 0; b < MK_SB; ++b) {   // every load of the batch first
+        for (int b = 0; b < SBV; ++b) {   // every load of the batch first
             const int i = i0 + b;
             const int f = it.f;
             mb[b] = MK_COL(it);
@@ -977,7 +990,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         if (res && one) {
             mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
             MK_UNROLL
-            for (int b = 0; b < MK_SB; ++b) {   // (i0 = 0: the batch holds every item)
+            for (int b = 0; b < SBV; ++b) {   // (i0 = 0: the batch holds every item)
                 if (b < NI) {
                     mk_col_set<MC>(ss, mb[b], mk_sq4(vb[b], mk_col_get<MC>(ss, mb[b])));
                 }
@@ -990,7 +1003,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             mk_prof_at(prof, MK_PH_ST_RMS);
         }
         MK_UNROLL
-        for (int b = 0; b < MK_SB; ++b) {
+        for (int b = 0; b < SBV; ++b) {
             const int i = i0 + b;
             if (i >= NI) {
                 continue;
@@ -1179,8 +1192,9 @@ MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, co
 // what it returned as fe0, unless late (GGML_MK_VAR_LATE_BEGIN: this function issues them after the staging).
 // MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_MC_SMALL: verify batches of
 // up to 4; MK_M: any batch); a column's arithmetic is the same in all, so a verify batch still equals its one-token
-// steps bit for bit
-template <int MC>
+// steps bit for bit. DEEP: the staging's deeper load batches (GGML_MK_VAR_DEEP_STAGE: its own instance of this
+// function, so that the default's code and register allocation stay as they were)
+template <int MC, bool DEEP = false>
 MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, int xs_bytes, int xq_bytes,
                             uint8_t * ws, int ns, mk_bulk * bk, unsigned long long * prof, bool late, const mk_it & fe0) {
     if ((x.nw != nullptr) != (R.norm != 0)) {
@@ -1190,7 +1204,11 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
         // a small verify batch: the code made for at most MK_MC_SMALL columns (called from here, not from the step,
         // so that the kernel's body keeps two call sites per mat-vec and its register allocation)
         if (M > 1 && M <= MK_MC_SMALL && R.small) {
-            mk_mv_run<MK_MC_SMALL>(R, x, M, eps, xs, xs_bytes, xq_bytes, ws, ns, bk, prof, late, fe0);
+            if (R.small == 2) {
+                mk_mv_run<MK_MC_SMALL, true>(R, x, M, eps, xs, xs_bytes, xq_bytes, ws, ns, bk, prof, late, fe0);
+            } else {
+                mk_mv_run<MK_MC_SMALL>(R, x, M, eps, xs, xs_bytes, xq_bytes, ws, ns, bk, prof, late, fe0);
+            }
             return;
         }
     }
@@ -1212,7 +1230,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
         if (m0 > 0 && !late) {
             fe = mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
-        mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+        mk_stage<MC, DEEP ? MK_SB_DEEP_R : MK_SB, DEEP ? MK_SB_DEEP_V : MK_SB>(x, K, m0, Mc, eps, xs, xq, q8, direct,
+                                                                             m0 == 0 ? prof : nullptr);
         if (late) {
             fe = mk_mv_begin(R, ws, ns, bk);  // (GGML_MK_VAR_LATE_BEGIN: the first tiles only now; the staging ended with a block barrier)
         }
