@@ -100,6 +100,17 @@ def _build_kernel_emu(exe: Path, cpu_build: Path, first_inc: Path | None = None)
     return exe
 
 
+def _mutated_kernel_emu(tmp_path: Path, cpu_build: Path, old: str, new: str) -> Path:
+    """the kernel emulation built with a planted bug: mk-kernel.cuh with old (present exactly once) replaced by new"""
+    kernel = MK / "cuda" / "mk-kernel.cuh"
+    text = kernel.read_text()
+    assert text.count(old) == 1, f"mutation target not (once) in {kernel} (update the test): {old}"
+    mut = tmp_path / "inc"
+    mut.mkdir()
+    (mut / kernel.name).write_text(text.replace(old, new, 1))
+    return _build_kernel_emu(tmp_path / "mk_kernel_emu", cpu_build, first_inc=mut)
+
+
 @pytest.fixture(scope="module")
 def kernel_emu(tmp_path_factory, cpu_build) -> Path:
     return _build_kernel_emu(tmp_path_factory.mktemp("mk_kernel_emu") / "mk_kernel_emu", cpu_build)
@@ -135,6 +146,8 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # orders hand every mat-vec's rows (and the packed tiles, the gate/up pairs, the q/k/v job boundaries) to other warps
 # 0x400000: GGML_MK_VAR_WIDE_M (verify batches of 2..4 tokens through the any-batch code, MK_M columns, before the code
 # made for at most MK_MC_SMALL = 4): bitwise the default's; the emulation's verify M=4 takes the small code by default
+# 0x800000: GGML_MK_VAR_DEEP_STAGE (the small code's staging with every column's rms loads in flight at once; the
+# emulation's value batches 2 slots, MK_SB_DEEP_V, against the default's 3): bitwise the default's
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
@@ -199,14 +212,7 @@ def test_cuda_kernel_on_host_small_batch_code_planted_bug_fails(tmp_path, cpu_bu
     """the verify step of M = 4 must take the code made for up to MK_MC_SMALL columns by default, and variant 0x400000
     must not (else the 0x400000 run's bitwise comparison compares the any-batch code with itself): a planted bug in
     that code (every column reads column 0's sum of squares / 1/rms) fails the default run and passes 0x400000's"""
-    kernel = MK / "cuda" / "mk-kernel.cuh"
-    old, new = "r = c == m ? v[c] : r;", "r = v[0];"
-    text = kernel.read_text()
-    assert text.count(old) == 1, f"mutation target not (once) in {kernel} (update the test): {old}"
-    mut = tmp_path / "inc"
-    mut.mkdir()
-    (mut / kernel.name).write_text(text.replace(old, new, 1))
-    exe = _build_kernel_emu(tmp_path / "mk_kernel_emu", cpu_build, first_inc=mut)
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, "r = c == m ? v[c] : r;", "r = v[0];")
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and re.search(r"^FAIL verify M=4", r.stdout, re.M), \
         f"a bug in the small-batch code went unnoticed (does verify M=4 still take it?):\n{r.stdout[-3000:]}"
@@ -220,15 +226,9 @@ def test_cuda_kernel_on_host_deep_staging_planted_bug_fails(tmp_path, cpu_build)
     emulation builds them as 12 slots for the rms round, 2 for the values, against the default's 3 and 3), else its
     bitwise comparison with the default compares the default with itself: a planted bug in the deep rms round only
     (its second slot's square left out of the sum) passes the default run and fails the variant's"""
-    kernel = MK / "cuda" / "mk-kernel.cuh"
     old = "            for (int b = 0; b < SBR; ++b) {\n                if (i0 + b < NI) {"
     new = "            for (int b = 0; b < SBR; ++b) {\n                if (i0 + b < NI && (SBR == MK_SB || b != 1)) {"
-    text = kernel.read_text()
-    assert text.count(old) == 1, f"mutation target not (once) in {kernel} (update the test): {old}"
-    mut = tmp_path / "inc"
-    mut.mkdir()
-    (mut / kernel.name).write_text(text.replace(old, new, 1))
-    exe = _build_kernel_emu(tmp_path / "mk_kernel_emu", cpu_build, first_inc=mut)
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
         f"the planted bug reached the default kernel (the default's batches are MK_SB):\n{r.stdout[-3000:]}"
@@ -250,14 +250,7 @@ FOLD_PLANTED = {
 
 @pytest.mark.parametrize("bug", list(FOLD_PLANTED))
 def test_cuda_kernel_on_host_heads_fold_planted_bug_fails(tmp_path, cpu_build, bug):
-    kernel = MK / "cuda" / "mk-kernel.cuh"
-    old, new = FOLD_PLANTED[bug]
-    text = kernel.read_text()
-    assert text.count(old) == 1, f"mutation target not (once) in {kernel} (update the test): {old}"
-    mut = tmp_path / "inc"
-    mut.mkdir()
-    (mut / kernel.name).write_text(text.replace(old, new, 1))
-    exe = _build_kernel_emu(tmp_path / "mk_kernel_emu", cpu_build, first_inc=mut)
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, *FOLD_PLANTED[bug])
     r = subprocess.run([str(exe), "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"],
                        capture_output=True, text=True, timeout=900)
     print(r.stdout[-2000:])
