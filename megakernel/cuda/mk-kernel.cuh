@@ -920,10 +920,18 @@ MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_T
 // batch); a column's arithmetic is the same in all. SBR / SBV: the slots per thread whose loads are in flight at once in
 // the pending residual's rms round / in the values' round (MK_SB each by default; GGML_MK_VAR_DEEP_STAGE: deeper for
 // small verify batches, see mk_mv_run); the same items in the same order and the same sums, so the same bits.
+// the block sums' scratch of mk_stage: one array for all its instances (a static array in each would be one more block
+// of static shared memory per instance, held by every block of the launch and taken from the dynamic region; session
+// 20 measured the one array against one per instance: no difference in speed, A/B)
+MK_DEVICE float * mk_stage_red() {
+    MK_SHARED(float, red, 2*MK_WARPS*MK_M);
+    return red;
+}
+
 template <int MC, int SBR = MK_SB, int SBV = MK_SB>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
-    MK_SHARED(float, red, 2*MK_WARPS*MK_M);
+    float * red = mk_stage_red();
     const int  KG  = mk_kg(K);
     const int  F   = KG*8;                                  // slots per column, padding included
     const int  F4  = K/4;                                   // slots with values
