@@ -47,52 +47,8 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-#if !defined(__x86_64__)
-#error "metal-emu: the fiber context switch is implemented for x86-64 only"
-#endif
-
-// ---- context switch -----------------------------------------------------------------------------
-// void emu_ctx_switch(void ** save_sp, void * new_sp): saves callee-saved registers on the current
-// stack, stores rsp in *save_sp, loads new_sp and restores the registers saved there.
-extern "C" void emu_ctx_switch(void ** save_sp, void * new_sp);
-extern "C" void emu_ctx_trampoline(void);
-
-asm(R"(
-    .text
-    .globl emu_ctx_switch
-    .type emu_ctx_switch, @function
-emu_ctx_switch:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-    .size emu_ctx_switch, .-emu_ctx_switch
-
-    .globl emu_ctx_trampoline
-    .type emu_ctx_trampoline, @function
-emu_ctx_trampoline:
-    movq %rbx, %rdi
-    callq *%r12
-    ud2
-    .size emu_ctx_trampoline, .-emu_ctx_trampoline
-)");
+// ---- context switch: emu-fiber.h (shared with the tests' CUDA host emulations) -----------------
+#include "emu-fiber.h"
 
 // ---- registry -----------------------------------------------------------------------------------
 namespace {
@@ -315,21 +271,7 @@ void fiber_exit(worker * w, fiber * f) {
 void fiber_init(worker * w, fiber * f, int i) {
     uint8_t * lo = w->stacks + (size_t) i*(STACK_SIZE + GUARD_SIZE) + GUARD_SIZE;
     f->stack_lo = lo;
-    uint64_t * sp = (uint64_t *) (lo + STACK_SIZE);
-    // layout popped by emu_ctx_switch: [mxcsr|fpucw] r15 r14 r13 r12 rbx rbp ret
-    // after 'ret' into the trampoline rsp == top (16-byte aligned), so the callee sees rsp % 16 == 8
-    *--sp = (uint64_t) &emu_ctx_trampoline;  // ret
-    *--sp = 0;                               // rbp
-    *--sp = (uint64_t) f;                    // rbx -> rdi
-    *--sp = (uint64_t) &emu_fiber_main;      // r12 -> call target
-    *--sp = 0;                               // r13
-    *--sp = 0;                               // r14
-    *--sp = 0;                               // r15
-    uint32_t csr[2];
-    __asm__ volatile("stmxcsr %0" : "=m"(csr[0]));
-    __asm__ volatile("fnstcw %0" : "=m"(csr[1]));
-    *--sp = (uint64_t) csr[0] | ((uint64_t) (csr[1] & 0xffff) << 32);
-    f->sp = sp;
+    f->sp = emu_fiber_stack(lo + STACK_SIZE, [](void * p) { emu_fiber_main((fiber *) p); }, f);
 }
 
 [[noreturn]] void emu_fatal(const char * msg) {

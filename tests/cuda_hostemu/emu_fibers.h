@@ -1,4 +1,4 @@
-// emu_fibers.h: CUDA's keywords on the host and the threads of one CUDA block as fibers (ucontext), for the host
+// emu_fibers.h: CUDA's keywords on the host and the threads of one CUDA block as fibers (emu-fiber.h: metal-emu's context switch), for the host
 // emulations of CUDA kernels in this folder (CI has no GPU). Every thread is a fiber scheduled round-robin; __syncwarp, __syncthreads and
 // __shfl_xor_sync are real barriers between the fibers (a warp barrier opens when every live lane of the warp waits
 // at one, the block barrier when all threads do; threads waiting at different barriers are reported as a deadlock).
@@ -6,7 +6,7 @@
 // the wait that covers them; run_block reports copies never waited for. Failures count in g_fail.
 #pragma once
 
-#include <ucontext.h>
+#include "../../ggml-metal/emu/emu-fiber.h"
 
 #include <cstdio>
 #include <functional>
@@ -23,7 +23,7 @@
 struct dim3 { unsigned x, y, z; dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {} };
 
 struct fiber {
-    ucontext_t ctx;
+    void * sp = nullptr; // saved context (emu_ctx_switch)
     dim3 tid;
     int  wait = 0; // 0 runnable, 1 at a warp barrier, 2 at a block barrier
     bool done = false;
@@ -33,7 +33,7 @@ struct fiber {
 static std::vector<fiber> g_fib;
 static std::vector<std::vector<char>> g_stacks;
 static int        g_cur;
-static ucontext_t g_sched;
+static void *     g_sched_sp; // the scheduler's saved context
 static dim3       g_block_idx;
 static dim3       g_block_dim;
 static std::function<void()> g_body;
@@ -48,7 +48,7 @@ static bool  g_fiber_reverse = false; // schedule the fibers from the last to th
 
 static void emu_block_until(int kind) {
     g_fib[g_cur].wait = kind;
-    swapcontext(&g_fib[g_cur].ctx, &g_sched);
+    emu_ctx_switch(&g_fib[g_cur].sp, g_sched_sp);
 }
 static void __syncwarp() { emu_block_until(1); }
 static void __syncthreads() { emu_block_until(2); }
@@ -70,9 +70,11 @@ static float __shfl_xor_sync(unsigned, float v, int off, int = 32) {
     return r;
 }
 
-static void fiber_entry() {
+[[noreturn]] static void fiber_entry(void *) {
     g_body();
     g_fib[g_cur].done = true;
+    emu_ctx_switch(&g_fib[g_cur].sp, g_sched_sp); // never resumed
+    __builtin_trap();
 }
 
 // runs body as every thread of one block (blockIdx: g_block_idx, set by the caller)
@@ -87,11 +89,7 @@ static void run_block(const dim3 & bdim, const std::function<void()> & body) {
     for (int i = 0; i < n; ++i) {
         fiber & f = g_fib[i];
         f.tid = dim3(i % bdim.x, (i / bdim.x) % bdim.y, i / (bdim.x*bdim.y));
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp   = g_stacks[i].data();
-        f.ctx.uc_stack.ss_size = g_stacks[i].size();
-        f.ctx.uc_link          = &g_sched;
-        makecontext(&f.ctx, fiber_entry, 0);
+        f.sp = emu_fiber_stack(g_stacks[i].data() + g_stacks[i].size(), fiber_entry, nullptr);
     }
     for (;;) {
         bool ran = false;
@@ -99,7 +97,7 @@ static void run_block(const dim3 & bdim, const std::function<void()> & body) {
             const int i = g_fiber_reverse ? n - 1 - ii : ii;
             if (!g_fib[i].done && g_fib[i].wait == 0) {
                 g_cur = i;
-                swapcontext(&g_sched, &g_fib[i].ctx);
+                emu_ctx_switch(&g_sched_sp, g_fib[i].sp);
                 ran = true;
             }
         }

@@ -93,7 +93,7 @@ static void bk_bulk(void * dst, const void * src, uint32_t bytes, uint64_t * bar
 }
 static void emu_yield() { // back to the scheduler, still runnable
     g_fib[g_cur].wait = 0;
-    swapcontext(&g_fib[g_cur].ctx, &g_sched);
+    emu_ctx_switch(&g_fib[g_cur].sp, g_sched_sp);
 }
 static void bk_mbar_wait(uint64_t * bar, uint32_t parity) {
     auto it = g_bars.find(bar);

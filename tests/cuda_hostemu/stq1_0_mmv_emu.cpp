@@ -2,13 +2,12 @@
 //
 // tests/test_cuda_stq1_0_mmv_hostemu.py takes the device helpers of vecdotq.cuh (STQ_VECDOT_INC) and the kernel
 // and host code of mmv-stq1_0.cu (STQ_MMV_INC), rewrites inline PTX and __shared__ into the emulations below and
-// includes them here. Every CUDA thread of a block is a fiber (ucontext) scheduled round-robin; __syncwarp,
+// includes them here. Every CUDA thread of a block is a fiber (emu_fibers.h) scheduled round-robin; __syncwarp,
 // __syncthreads and __shfl_xor_sync are real barriers between the fibers; cp.async copies become visible only
 // at the cp.async.wait_group that covers them (or at once with EMU_CP_EAGER=1), and shared memory starts as
 // garbage. ggml_cuda_mul_mat_vec_stq1_0 runs on CPU ggml tensors and is compared with ggml's dequantized
 // weights times the same q8_1 activations; MUL_MAT columns and MUL_MAT_ID tokens must also be bit-identical to
 // the one-column / one-token results (batch invariance).
-#include <ucontext.h>
 
 #include <algorithm>
 #include <cmath>

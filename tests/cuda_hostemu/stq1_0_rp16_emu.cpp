@@ -2,7 +2,7 @@
 //
 // tests/test_cuda_stq1_0_rp16_hostemu.py takes stq1_0-rp16.cuh and stq1_0-rp16.cu from the applied tree, rewrites
 // the launches, __global__ and __shared__ (STQ_RP16_INC) and includes them here. Every CUDA thread of a block is
-// a fiber (ucontext) scheduled round-robin; __syncthreads and __shfl_xor_sync are real barriers between them.
+// a fiber (emu_fibers.h) scheduled round-robin; __syncthreads and __shfl_xor_sync are real barriers between them.
 // Checks on random STQ1_0 weights: unpack(repack(W)) == W byte for byte; MUL_MAT with n = 1..8 columns against
 // (a) the same quantized activations and ggml's dequantized weights in float64 (tight: catches any mismatch of
 // the weight and activation layouts) and (b) the float activations (NMSE); every column bit-identical to the
@@ -10,7 +10,6 @@
 // repack equal to its experts' 2-D repacks, the round trip, 1..8 tokens against float64 as above, every column
 // bit-identical to the same token alone and to the one-column product of its expert's matrix; the exact Hy4 shape
 // (256 experts of 2048 x 6144, top-8) with only the experts used filled, the others poison.
-#include <ucontext.h>
 
 #include <algorithm>
 #include <cinttypes>

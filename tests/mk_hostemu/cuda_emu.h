@@ -1,6 +1,6 @@
 // cuda_emu.h: just enough CUDA to run megakernel/cuda/mk-kernel.cuh on the CPU (tests only).
 //
-// Every GPU thread is a fiber (ucontext) on one OS thread; a launch starts all blocks at once
+// Every GPU thread is a fiber (emu-fiber.h: metal-emu's context switch) on one OS thread; a launch starts all blocks at once
 // (co-resident, like a cooperative launch); __syncthreads / __syncwarp are barriers that yield until
 // the block or warp has arrived, __shfl_xor_sync exchanges through a per-warp slot array between two
 // warp barriers, __nanosleep yields (the grid barrier's spin), atomics and fences are plain on one OS
@@ -12,7 +12,7 @@
 
 #include "ggml.h"
 
-#include <ucontext.h>
+#include "../../ggml-metal/emu/emu-fiber.h"
 
 #include <algorithm>
 #include <cmath>
@@ -44,7 +44,7 @@ struct emu_block {
 };
 
 struct emu_fiber {
-    ucontext_t ctx;
+    void * sp = nullptr;   // saved context (emu_ctx_switch)
     std::vector<char> stack;
     unsigned tid = 0, bid = 0;
     emu_block * blk = nullptr;
@@ -52,13 +52,13 @@ struct emu_fiber {
     bool moved = false;   // did anything since this fiber's last yield
 };
 
-inline ucontext_t   emu_sched;
+inline void *       emu_sched_sp;   // the scheduler's saved context
 inline emu_fiber  * emu_cur_fiber;
 inline emu_block  * emu_cur;
 inline long         emu_progress;   // barrier arrivals and generations: deadlock detection
 
 inline void emu_yield() {
-    swapcontext(&emu_cur_fiber->ctx, &emu_sched);
+    emu_ctx_switch(&emu_cur_fiber->sp, emu_sched_sp);
     threadIdx.x = emu_cur_fiber->tid;
     blockIdx.x  = emu_cur_fiber->bid;
     emu_cur     = emu_cur_fiber->blk;
@@ -207,10 +207,12 @@ static inline void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
 inline void (*emu_entry_fn)(const void *);
 inline const void * emu_entry_args;
 
-inline void emu_trampoline() {
+[[noreturn]] inline void emu_trampoline(void *) {
     emu_entry_fn(emu_entry_args);
     emu_cur_fiber->done = true;
     ++emu_progress;
+    emu_ctx_switch(&emu_cur_fiber->sp, emu_sched_sp);   // never resumed
+    __builtin_trap();
 }
 
 template <typename A>
@@ -236,11 +238,7 @@ bool emu_launch(void (*kernel)(const A), const A & args, unsigned n_blocks, unsi
             f->tid = t;
             f->bid = b;
             f->blk = blk.get();
-            getcontext(&f->ctx);
-            f->ctx.uc_stack.ss_sp = f->stack.data();
-            f->ctx.uc_stack.ss_size = f->stack.size();
-            f->ctx.uc_link = &emu_sched;
-            makecontext(&f->ctx, emu_trampoline, 0);
+            f->sp = emu_fiber_stack(f->stack.data() + f->stack.size(), emu_trampoline, nullptr);
             fibers.push_back(std::move(f));
         }
         blocks.push_back(std::move(blk));
@@ -260,7 +258,7 @@ bool emu_launch(void (*kernel)(const A), const A & args, unsigned n_blocks, unsi
             threadIdx.x = f->tid;
             blockIdx.x = f->bid;
             emu_cur = f->blk;
-            swapcontext(&emu_sched, &f->ctx);
+            emu_ctx_switch(&emu_sched_sp, f->sp);
             if (f->done) --left;
         }
         // passes in which no barrier moved and no atomic changed anything: nothing ever will
