@@ -265,8 +265,24 @@ case "$cmd" in
     demo) setup core; exec "$PY" -m harness.cli demo "$@" ;;
     test)
         setup all
+        # the whole matrix: build and fetch first, with progress here (test workers' output is not shown live),
+        # then the test files spread over the cores (pytest-xdist, one file per worker at a time: a file's
+        # fixtures are made once); STQ_TEST_WORKERS sets the count, 1 = one process as plain pytest
+        prebuild=1
+        for a in "$@"; do case "$a" in -*) ;; *) [ -e "$a" ] || [ -e "${a%%::*}" ] && prebuild=0 ;; esac; done
+        if [ $prebuild = 1 ]; then
+            "$PY" harness/build.py --build --backend cpu || die "the CPU build failed (above)"
+            if [ "$(uname -m)" = x86_64 ] && have clang-19; then   # the tests' condition for metal-emu
+                "$PY" harness/build.py --build --backend metal-emu || die "the metal-emu build failed (above)"
+            fi
+            "$PY" -m harness.cli model || die "fetching the default model failed (above)"
+        fi
+        workers=${STQ_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}
+        [ "$workers" -gt 4 ] && workers=4
+        xdist=()
+        [ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
         set +e
-        "$PY" -m pytest "$@"
+        "$PY" -m pytest "${xdist[@]}" "$@"
         rc=$?
         # pytest exit 5 = no tests collected: that is a failure for this project
         [ $rc -eq 5 ] && echo "[stq-metal] no tests were collected" >&2

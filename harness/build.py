@@ -26,7 +26,7 @@ if __package__ in (None, ""):  # run as a script: make `harness` importable
     __package__ = "harness"
 
 from harness import config, patches, source  # noqa: E402
-from harness.util import HarnessError, run, run_logged, say, which  # noqa: E402
+from harness.util import HarnessError, cache_lock, run, run_logged, say, which  # noqa: E402
 
 BACKENDS = ("cpu", "metal", "cuda", "metal-emu")
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-completion", "llama-quantize", "llama-bench",
@@ -205,11 +205,18 @@ def run_build(cmd: list[str], log: Path, step: str, env: dict[str, str] | None =
 
 
 def ensure_build(backend: str = "cpu", targets=None, tree: Path | None = None,
-                 jobs: int | None = None) -> Path:
-    """Fetch the pin if needed, apply patches/, build. What tests and the demo call."""
-    tree = source.ensure_tree(tree)
-    patches.apply(tree)
-    return build(tree, backend, targets or default_targets(backend), jobs)
+                 jobs: int | None = None, extra: list[str] | None = None) -> Path:
+    """Fetch the pin if needed, apply patches/, build. What tests and the demo call. One process at a time does
+    this (tree_lock): the work tree and its build folders are shared by every process on this cache."""
+    with tree_lock():
+        tree = source.ensure_tree(tree)
+        patches.apply(tree)
+        return build(tree, backend, targets or default_targets(backend), jobs, extra=extra)
+
+
+def tree_lock():
+    """The lock held while fetching, patching or building in this cache (harness.util.cache_lock)."""
+    return cache_lock(config.cache_dir() / "locks" / "tree.lock", "fetching, patching or building llama.cpp")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,34 +263,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         args.export = True
     try:
-        if args.llama_dir:
-            tree = source.ensure_tree(args.llama_dir, user_tree=True)
-        elif args.revert or args.status or args.export:
-            tree = config.default_tree()
-            if not tree.exists():
-                raise HarnessError(f"no work tree at {tree} yet: run `python harness/build.py --apply` first")
-            source.check_user_tree(tree)
-        else:
-            tree = source.ensure_tree(None, source=args.source, sdist=args.sdist)
-        if args.revert:
-            patches.revert(tree, force=args.force)
-        if args.export:
-            rep = patches.export(tree)
-            for k in ("written", "removed"):
-                for n in rep[k]:
-                    say(f"{k} patches/{n}")
-            say(f"export: {len(rep['written'])} written, {len(rep['unchanged'])} unchanged, "
-                f"{len(rep['removed'])} removed")
-        if args.apply or args.build:
-            patches.apply(tree)
-        if args.build:
-            backend = args.backend or default_backend()
-            bdir = build(tree, backend, tuple(args.targets or default_targets(backend, args.cmake_arg)),
-                         args.jobs, args.cmake_arg, args.cuda_arch)
-            print(bdir)
-        if args.status or not (args.apply or args.build or args.revert or args.export):
-            st = patches.state(tree)
-            print(f"work tree: {tree}\npin: {config.PIN}\n{patches.format_status(st)}")
+        with tree_lock():   # one process at a time in this cache's work tree and builds
+            if args.llama_dir:
+                tree = source.ensure_tree(args.llama_dir, user_tree=True)
+            elif args.revert or args.status or args.export:
+                tree = config.default_tree()
+                if not tree.exists():
+                    raise HarnessError(f"no work tree at {tree} yet: run `python harness/build.py --apply` first")
+                source.check_user_tree(tree)
+            else:
+                tree = source.ensure_tree(None, source=args.source, sdist=args.sdist)
+            if args.revert:
+                patches.revert(tree, force=args.force)
+            if args.export:
+                rep = patches.export(tree)
+                for k in ("written", "removed"):
+                    for n in rep[k]:
+                        say(f"{k} patches/{n}")
+                say(f"export: {len(rep['written'])} written, {len(rep['unchanged'])} unchanged, "
+                    f"{len(rep['removed'])} removed")
+            if args.apply or args.build:
+                patches.apply(tree)
+            if args.build:
+                backend = args.backend or default_backend()
+                bdir = build(tree, backend, tuple(args.targets or default_targets(backend, args.cmake_arg)),
+                             args.jobs, args.cmake_arg, args.cuda_arch)
+                print(bdir)
+            if args.status or not (args.apply or args.build or args.revert or args.export):
+                st = patches.state(tree)
+                print(f"work tree: {tree}\npin: {config.PIN}\n{patches.format_status(st)}")
     except HarnessError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -170,11 +170,8 @@ def build_with_rpc(backend: str, targets: tuple[str, ...] = ("llama-server", EXE
     """A build of `backend` with ggml-rpc (its default build where that already has -DGGML_RPC=ON,
     as cpu does; otherwise the same options plus -DGGML_RPC=ON, in its own keyed build folder)."""
     from . import build as buildmod
-    from . import patches, source
-    tree = source.ensure_tree()
-    patches.apply(tree)
     extra = [] if "-DGGML_RPC=ON" in buildmod.backend_flags(backend) else ["-DGGML_RPC=ON"]
-    return buildmod.build(tree, backend, targets, extra=extra)
+    return buildmod.ensure_build(backend, targets, extra=extra)
 
 
 def build_command(backend: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shlex
@@ -10,7 +12,7 @@ import sys
 import tempfile
 from collections import deque
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 
 class HarnessError(RuntimeError):
@@ -19,6 +21,37 @@ class HarnessError(RuntimeError):
 
 def say(msg: str) -> None:
     print(f"[stq-metal] {msg}", flush=True)
+
+
+@contextlib.contextmanager
+def cache_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock (flock on `path`) while touching something in the cache several processes may use at
+    once: the llama.cpp work tree and its build folders (two test workers, a demo beside a test run). A process that
+    has to wait says so, naming `what` and the lock file; the lock ends with the process, also when it is killed."""
+    path = Path(path).resolve()
+    if _held_locks.get(path):   # already ours (a nested call in this process): flock would wait for itself
+        _held_locks[path] += 1
+        try:
+            yield
+        finally:
+            _held_locks[path] -= 1
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another stq-metal process ({what}; lock {path})")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        _held_locks[path] = 1
+        try:
+            yield
+        finally:
+            _held_locks[path] = 0
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_held_locks: dict[Path, int] = {}
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -65,15 +65,12 @@ def cpu_avx2_build(pytestconfig) -> Path:
     """The ggml libraries built for AVX2 only (env STQ_CPU_AVX2_BUILD overrides); x86-64 only."""
     import platform
 
-    from harness import patches, source
     if os.environ.get("STQ_CPU_AVX2_BUILD"):
         return Path(os.environ["STQ_CPU_AVX2_BUILD"])
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the AVX2 build is for x86-64 hosts")
     with _uncaptured(pytestconfig):
-        tree = source.ensure_tree()
-        patches.apply(tree)
-        return buildmod.build(tree, "cpu", ("ggml",), extra=AVX2_FLAGS)
+        return buildmod.ensure_build("cpu", ("ggml",), extra=AVX2_FLAGS)
 
 
 @pytest.fixture(scope="session")

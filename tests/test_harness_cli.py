@@ -107,3 +107,26 @@ def test_build_key_covers_backend_options(monkeypatch, tmp_path):
     assert k != buildmod.build_key(tree, "cpu", ["-DGGML_NATIVE=OFF"])
     (tree / "f").write_text("y")  # uncommitted edits count
     assert k != buildmod.build_key(tree, "cpu", [])
+
+
+def test_second_process_waits_for_the_tree_lock_and_says_so(tmp_path):
+    """Two harness processes on one cache (two test workers, a demo beside a test run) never fetch, patch or build
+    at once: the second waits for the first's lock, naming the lock file; a nested use in one process goes on."""
+    import os
+    import time
+    env = dict(os.environ, STQ_METAL_CACHE=str(tmp_path / "cache"))
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time\nfrom harness import build as b\n"
+                               "with b.tree_lock():\n    with b.tree_lock():\n        print('held', flush=True)\n"
+                               "        time.sleep(3)\n    print('released', time.time(), flush=True)\n"],
+                              cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == "held"
+    waiter = run_py("-c", "import time\nfrom harness import build as b\nwith b.tree_lock():\n    print('got', time.time())\n",
+                    env=env)
+    released = float(holder.stdout.readline().split()[1])
+    holder.wait(timeout=30)
+    assert waiter.returncode == 0, waiter.stderr
+    lock = tmp_path / "cache" / "locks" / "tree.lock"
+    assert "waiting for another stq-metal process" in waiter.stdout and str(lock) in waiter.stdout, waiter.stdout
+    got = float(waiter.stdout.split("got ")[1].split()[0])
+    assert got >= released, f"the second process took the lock at {got}, before the first released it at {released}"

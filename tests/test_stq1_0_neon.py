@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import build as buildmod
-from harness import patches, source
+from harness import source
 
 HERE = Path(__file__).resolve().parent
 CHECK = HERE / "neon" / "stq1_0_vec_dot_check.c"
@@ -35,9 +35,7 @@ def neon_build(pytestconfig):
     if capman:
         capman.suspend_global_capture(in_=False)
     try:
-        tree = source.ensure_tree()
-        patches.apply(tree)
-        return buildmod.build(tree, "cpu", ("ggml",), extra=NEON_FLAGS)
+        return buildmod.ensure_build("cpu", ("ggml",), extra=NEON_FLAGS)
     finally:
         if capman:
             capman.resume_global_capture()
