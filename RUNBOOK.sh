@@ -272,7 +272,7 @@ case "$cmd" in
         for a in "$@"; do case "$a" in -*) ;; *) [ -e "$a" ] || [ -e "${a%%::*}" ] && prebuild=0 ;; esac; done
         if [ $prebuild = 1 ]; then
             "$PY" harness/build.py --build --backend cpu || die "the CPU build failed (above)"
-            if [ "$(uname -m)" = x86_64 ] && have clang-19; then   # the tests' condition for metal-emu
+            if "$PY" -c 'import sys; from harness import build; sys.exit(1 if build.metal_emu_missing() else 0)'; then
                 "$PY" harness/build.py --build --backend metal-emu || die "the metal-emu build failed (above)"
             fi
             "$PY" -m harness.cli model || die "fetching the default model failed (above)"

@@ -58,6 +58,19 @@ def default_targets(backend: str, extra: list[str] | None = None) -> tuple[str, 
     return DEFAULT_TARGETS
 
 
+def metal_emu_missing() -> str | None:
+    """Why this machine cannot build metal-emu (None when it can): the build, the tests' fixture and
+    `./RUNBOOK.sh test`'s prebuild all ask here."""
+    emu = config.METAL_SRC_DIR / "emu"
+    if not emu.is_dir():
+        return f"backend metal-emu needs the emulator sources in {emu}, which do not exist"
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"backend metal-emu runs on x86-64 hosts only (its fibers' context switch, {emu / 'emu-fiber.h'}); this is {platform.machine()}"
+    if not (which(["clang-19"]) and which(["clang++-19"])):
+        return "backend metal-emu needs clang-19/clang++-19 (`./RUNBOOK.sh setup` installs them on Debian/Ubuntu)"
+    return None
+
+
 def backend_flags(backend: str, cuda_arch: str | None = None) -> list[str]:
     if backend == "cpu":
         return ["-DGGML_RPC=ON"]  # ggml-rpc client + ggml-rpc-server (scale-out, issue 16)
@@ -66,13 +79,11 @@ def backend_flags(backend: str, cuda_arch: str | None = None) -> list[str]:
     if backend == "cuda":
         return ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch or default_cuda_arch()}"]
     if backend == "metal-emu":
+        missing = metal_emu_missing()
+        if missing:
+            raise HarnessError(missing)
         emu = config.METAL_SRC_DIR / "emu"
-        if not emu.is_dir():
-            raise HarnessError(f"backend metal-emu needs the emulator sources in {emu}, which do not exist")
         cc, cxx = which(["clang-19"]), which(["clang++-19"])
-        if not (cc and cxx):
-            raise HarnessError("backend metal-emu needs clang-19/clang++-19 (`./RUNBOOK.sh setup` installs "
-                               "them on Debian/Ubuntu)")
         kernels = os.environ.get("STQ_METAL_EMU_KERNELS", ";".join(METAL_EMU_KERNELS))
         return [f"-DCMAKE_C_COMPILER={cc}", f"-DCMAKE_CXX_COMPILER={cxx}",
                 "-DGGML_METAL=ON", "-DGGML_METAL_EMU=ON", f"-DGGML_METAL_EMU_DIR={emu}",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -46,10 +45,9 @@ def cpu_build(pytestconfig) -> Path:
 def metal_emu_build(pytestconfig) -> Path:
     """A metal-emu build (env STQ_METAL_EMU_BUILD overrides); skipped when the emulator is absent."""
     if not os.environ.get("STQ_METAL_EMU_BUILD"):
-        if not (config.METAL_SRC_DIR / "emu").is_dir():
-            pytest.skip("metal-emu sources (ggml-metal/emu) are not in this checkout")
-        if not shutil.which("clang-19"):
-            pytest.skip("clang-19 is not installed (./RUNBOOK.sh setup installs it on Debian)")
+        missing = buildmod.metal_emu_missing()
+        if missing:
+            pytest.skip(missing)
     return _build_or_env(pytestconfig, "metal-emu", "STQ_METAL_EMU_BUILD")
 
 
