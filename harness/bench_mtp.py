@@ -19,8 +19,12 @@ in place (synth_gpu --set-noise) before each level's runs; --accept A1,A2 with -
 the acceptance at every grid value (mtp with the largest K, megakernel, one prompt) and then runs the levels whose
 acceptance is closest to each A.
 
+--backend-sampling: every server samples on the device (llama-server --backend-sampling: the request's sampler chain
+as ggml ops on the logits, the host reads the sampled ids); the megakernel's steps then run the chain in a small graph
+of their own over the kernel's logits (LLM_GRAPH_TYPE_MK_SAMPLING) instead of falling back to the model's graph.
+
     stq-metal bench mtp --bin BUILD/bin --target T.gguf --assistant A.gguf [--k 1,2,3] [--rounds 2] [-n 256]
-        [--noise 1,3 | --accept 0.75,0.5,0.25 --noise-grid 0.5,1,2,4,8] [--json OUT.json]
+        [--noise 1,3 | --accept 0.75,0.5,0.25 --noise-grid 0.5,1,2,4,8] [--backend-sampling] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from .util import HarnessError, atomic_write_bytes
 
 # -lv 4: the llama_mk lines (megakernel on, fused drafts, fallbacks) reach the server's log
 SERVER_ARGS = ["-np", "1", "-ngl", "99", "-fa", "off", "--no-warmup", "-lv", "4"]
-MK_LINES = ("llama_mk: megakernel", "llama_mk_draft:", spec.MK_FALLBACK_LINE)
+MK_LINES = ("llama_mk: megakernel", "llama_mk_draft:", spec.MK_FALLBACK_LINE, spec.MK_SAMPLING_LINE)
 PROF_LINE = "llama_mk profile: host"   # --mk-profile: the host's share of the megakernel's one-token steps
 
 
@@ -97,7 +101,8 @@ def start(stack: contextlib.ExitStack, a, c: Cfg, target: Path) -> dict:
     """The configuration's server (stopped with the stack), warmed up (first launches, allocations)."""
     with spec.env_vars(c.env):   # (the server keeps the environment it was started with)
         info = stack.enter_context(server.running(a.bin / "llama-server", target, timeout=600,
-                                                  args=[*SERVER_ARGS, "-c", str(a.ctx), "-t", str(a.threads), *c.args]))
+                                                  args=[*SERVER_ARGS, "-c", str(a.ctx), "-t", str(a.threads), *c.args,
+                                                        *(["--backend-sampling"] if a.backend_sampling else [])]))
     complete(info["port"], spec.PROMPTS[0], 8)
     return info
 
@@ -241,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--noise", type=floats, help="noise levels to rescale --target to, in turn (synth_gpu --set-noise)")
     ap.add_argument("--accept", type=floats, help="acceptance rates to aim at (needs --noise-grid)")
     ap.add_argument("--noise-grid", type=floats, help="noise values probed for --accept")
+    ap.add_argument("--backend-sampling", action="store_true", help="every server with --backend-sampling: the "
+                    "sampler chain runs on the device (for the megakernel: over its logits, in a graph of its own)")
     ap.add_argument("--json", type=Path, help="write every figure here (atomically)")
     a = ap.parse_args(argv)
     if (a.accept is None) != (a.noise_grid is None):
@@ -252,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{p}: no such file")
     prompts = spec.PROMPTS[:max(1, a.prompts)]
     results: dict = {"k": a.k, "rounds": a.rounds, "n_predict": a.n_predict, "prompts": len(prompts), "ctx": a.ctx,
-                     "serial": a.serial, "levels": []}
+                     "serial": a.serial, "backend_sampling": a.backend_sampling, "levels": []}
     set_noise = load_set_noise() if (a.noise or a.accept) else None
     if set_noise is None:
         return run_levels(a, [None], prompts, results, set_noise)

@@ -28,6 +28,7 @@ from . import server
 MK_ON_LINE       = "llama_mk: megakernel on"                            # (then the device: CUDA0, MTL0, ...)
 MK_FALLBACK_LINE = "llama_mk: standard graph for this batch"
 MK_FUSED_LINE    = "llama_mk_draft: the fused MTP draft kernel drafts"
+MK_SAMPLING_LINE = "llama_mk: backend samplers run on the megakernel's logits"  # (llama_context::decode, once)
 
 # one thread: on a busy 2-core machine a 2-thread pool stalls at every barrier; the results do not
 # depend on the thread count
@@ -106,12 +107,14 @@ def env_vars(env: dict[str, str | None] | None):
                 os.environ[k] = v
 
 
-def complete(port: int, prompt: str, n_predict: int, host: str = "127.0.0.1", timeout: float = 600.0) -> Gen:
-    """One greedy /completion with per-token ids and log-probabilities."""
+def complete(port: int, prompt: str, n_predict: int, host: str = "127.0.0.1", timeout: float = 600.0,
+             probs: bool = True) -> Gen:
+    """One greedy /completion with per-token ids and log-probabilities (probs=False: ids only; a request for
+    probabilities before sampling keeps the server from sampling on the backend)."""
     import requests
     body = {
         "prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
-        "n_probs": 1, "return_tokens": True, "cache_prompt": False, "ignore_eos": True,
+        "n_probs": 1 if probs else 0, "return_tokens": True, "cache_prompt": False, "ignore_eos": True,
         "stream": False,
     }
     t0 = time.perf_counter()
@@ -130,21 +133,21 @@ def complete(port: int, prompt: str, n_predict: int, host: str = "127.0.0.1", ti
 
 def run(bin_dir: Path, model: Path, prompts: list[str], n_predict: int, args: list[str] | None = None,
         env: dict[str, str | None] | None = None, concurrent: bool = False, label: str = "",
-        timeout: float = 180.0) -> Run:
+        timeout: float = 180.0, probs: bool = True) -> Run:
     """Start a server with `args`, generate for every prompt (one after another, or all at once),
-    stop the server."""
+    stop the server. probs=False: ids only (see complete)."""
     binary = Path(bin_dir) / "llama-server"
     out = Run(label or " ".join(args or []))
     with env_vars(env), server.running(binary, model, args=[*DEFAULT_ARGS, *(args or [])], timeout=timeout) as info:
         port = info["port"]
         if not concurrent:
-            out.gens = [complete(port, p, n_predict) for p in prompts]
+            out.gens = [complete(port, p, n_predict, probs=probs) for p in prompts]
         else:
             res: list[Gen | BaseException | None] = [None] * len(prompts)
 
             def work(i: int) -> None:
                 try:
-                    res[i] = complete(port, prompts[i], n_predict)
+                    res[i] = complete(port, prompts[i], n_predict, probs=probs)
                 except BaseException as e:  # noqa: BLE001 - reported below
                     res[i] = e
 

@@ -14,6 +14,7 @@
 #include "llama-batch.h"
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
+#include "llama-graph.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -736,6 +737,63 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         }
     }
     return true;
+}
+
+// ---- backend sampling of a megakernel step --------------------------------------------------------
+
+namespace {
+
+// the input of a LLM_GRAPH_TYPE_MK_SAMPLING graph: the step's logits rows, which the megakernel wrote to host memory
+// (params.mk_logits), uploaded to the device
+class llm_graph_input_mk_logits : public llm_graph_input_i {
+public:
+    explicit llm_graph_input_mk_logits(const float * src) : src(src) {}
+
+    void set_input(const llama_ubatch * ubatch) override {
+        GGML_UNUSED(ubatch);
+        GGML_ASSERT(src != nullptr && "LLM_GRAPH_TYPE_MK_SAMPLING without logits");
+        ggml_backend_tensor_set(logits, src, 0, ggml_nbytes(logits));
+    }
+
+    bool can_reuse(const llm_graph_params & params) override {
+        src = params.mk_logits;
+        return logits->ne[1] == (int64_t) params.n_outputs;
+    }
+
+    ggml_tensor * logits = nullptr;   // [n_vocab, n_outputs]
+    const float * src;
+};
+
+// the context's backend samplers over a megakernel step's logits: llm_graph_context::build_sampling, as the model's
+// graph applies them to its own t_logits, here on an input holding the megakernel's rows. The rows are placed on the
+// backend of the LM head's weights, so the samplers run where the model's graph would run them
+struct llm_build_mk_sampling : public llm_graph_context {
+    llm_build_mk_sampling(const llama_model & model, const llm_graph_params & params) : llm_graph_context(params) {
+        const ggml_tensor * w = model.output ? model.output : model.tok_embd;
+        auto inp = std::make_unique<llm_graph_input_mk_logits>(params.mk_logits);
+        inp->logits = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, w->ne[1], n_outputs);
+        ggml_set_name(inp->logits, "mk_logits");
+        ggml_set_input(inp->logits);
+        if (w->buffer && !ggml_backend_buffer_is_host(w->buffer)) {
+            ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
+            for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+                ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
+                if (ggml_backend_supports_buft(backend, buft)) {
+                    ggml_backend_sched_set_tensor_backend(sched, inp->logits, backend);
+                    break;
+                }
+            }
+        }
+        res->t_logits = inp->logits;
+        res->add_input(std::move(inp));
+        ggml_build_forward_expand(gf, res->t_logits);
+    }
+};
+
+} // namespace
+
+std::unique_ptr<llm_graph_context> llama_mk_sampling_graph(const llama_model & model, const llm_graph_params & params) {
+    return std::make_unique<llm_build_mk_sampling>(model, params);
 }
 
 // ---- the fused MTP draft ----------------------------------------------------------------------

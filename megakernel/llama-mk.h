@@ -12,6 +12,8 @@ struct llama_cparams;
 struct llama_ubatch;
 class  llama_memory_context_i;
 struct llama_memory_i;
+struct llm_graph_context;
+struct llm_graph_params;
 
 struct llama_mk;
 
@@ -35,6 +37,10 @@ bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_c
 // n_embd floats per row), of every token of the ubatch or, h_masked, of its output tokens (ubatch.output order)
 bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out,
                      float * h_out = nullptr, bool h_masked = false);
+
+// the graph of a LLM_GRAPH_TYPE_MK_SAMPLING step (llama_model::build_graph): the context's backend samplers applied to
+// the logits rows a megakernel step wrote to host memory (params.mk_logits, n_outputs rows), on the LM head's backend
+std::unique_ptr<llm_graph_context> llama_mk_sampling_graph(const llama_model & model, const llm_graph_params & params);
 
 // ---- the fused MTP draft (ggml-mk.h: ggml_mk_draft) ----
 

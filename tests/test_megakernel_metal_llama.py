@@ -328,3 +328,46 @@ def test_metal_megakernel_server_draft_mtp_equals_greedy(metal_emu_build, synth_
         assert got.draft_accepted > 0, f"k={k}: no draft accepted: the check proves nothing"
         assert got.draft_accepted < got.draft_n, f"k={k}: no draft rejected: the KV rollback was not exercised"
     assert not fails, "\n".join(fails)
+
+
+def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h):
+    """llama-server --backend-sampling with the megakernel on: the request's sampler chain runs as ggml ops on the
+    device, over the megakernel's logits in a graph of their own (LLM_GRAPH_TYPE_MK_SAMPLING), instead of the batch
+    falling back to the model's graph. Greedy and draft-mtp k = 2 (verify batches of 3 rows: each row sampled by its
+    own view) give the ids of the megakernel's greedy run sampled on the host, across the 16-token window; every
+    decode/verify batch is a megakernel step and the log says the samplers ran on its logits. (The requests ask for
+    no probabilities: a request for them keeps the server from sampling on the backend.)"""
+    import time
+
+    from harness import config, spec
+    bin_dir = metal_emu_build / "bin"
+    if not (bin_dir / "llama-server").is_file():
+        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    target, assistant = synth_pair_h
+    env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
+           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
+    prompts, n = spec.PROMPTS[:2], 24
+    base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]
+
+    def logs_since(t0: float) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0)
+
+    host = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, host sampling", timeout=600,
+                    probs=False)
+    runs = {"greedy": [], "draft-mtp k=2": ["-md", str(assistant), "-ngld", "99", "--spec-type", "draft-mtp",
+                                            "--spec-draft-n-max", "2", "--spec-draft-n-min", "0"]}
+    for label, extra in runs.items():
+        t0 = time.time()
+        got = spec.run(bin_dir, target, prompts, n, args=[*base, *extra, "--backend-sampling"], env=env, timeout=600,
+                       label=f"{label}, backend sampling", probs=False)
+        log = logs_since(t0)
+        assert spec.MK_ON_LINE in log, f"{label}: the server ran without the megakernel"
+        assert spec.MK_SAMPLING_LINE in log, f"{label}: the backend samplers never ran on the megakernel's logits"
+        fell = [x for x in log.splitlines() if spec.MK_FALLBACK_LINE in x]
+        assert not fell, f"{label}: batches fell back to the graph: {fell}"
+        for i, (g, h) in enumerate(zip(host.gens, got.gens)):
+            assert len(h.tokens) == n and g.tokens == h.tokens, \
+                f"{label}, prompt {i}: token ids differ from host sampling at {spec.first_diff(g.tokens, h.tokens)}"
+        if extra:
+            print(f"{label}: drafts accepted {got.draft_accepted}/{got.draft_n}")
+            assert 0 < got.draft_accepted < got.draft_n, "drafts all accepted or all rejected: the rows' order is untested"
