@@ -168,20 +168,32 @@ def test_metal_megakernel_source_is_embedded_whole(tmp_path, metal_emu_build):
             assert any(x == line for x in it), f"{part.name}: line missing or out of order in the embedded source: {line!r}"
 
 
+def _server_setup(metal_emu_build: Path, mk: str | None = "1") -> tuple[Path, dict]:
+    """The metal-emu build's bin folder (skip without llama-server) and the servers' environment: one emulated GPU
+    core, LLAMA_MEGAKERNEL=mk (None: unset), no planted bug, no residency or threadgroup override."""
+    bin_dir = metal_emu_build / "bin"
+    if not (bin_dir / "llama-server").is_file():
+        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    return bin_dir, {"LLAMA_MEGAKERNEL": mk, "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
+                     "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
+
+
+def _logs_since(t0: float) -> list[str]:
+    """The texts of the server logs written since t0."""
+    from harness import config
+    return [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
+
+
 def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synth_small):
     """llama-server with the megakernel on: speculative decoding (the Q4_0 model drafting for the F16 one: same
     random weights, so most drafts are accepted and some rejected) gives the ids and log-probabilities of plain
     greedy decoding, across the 16-token sliding window; both runs' decode/verify batches go through the kernel."""
     import time
 
-    from harness import config, spec
+    from harness import spec
     t0 = time.time()
-    bin_dir = metal_emu_build / "bin"
-    if not (bin_dir / "llama-server").is_file():
-        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    bin_dir, env = _server_setup(metal_emu_build, "1")
     target, draft = synth_small["F16"], synth_small["Q4_0"]
-    env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
-           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
     prompts, n = spec.PROMPTS[:2], 24
     base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]  # -lv 4: the llama_mk lines reach the log
     greedy = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, megakernel", timeout=600)
@@ -189,7 +201,7 @@ def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synt
                    args=[*base, "-md", str(draft), "-ngld", "99", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
                          "--spec-draft-n-min", "0"])
     # both servers' logs say the megakernel ran
-    logs = [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
+    logs = _logs_since(t0)
     assert len(logs) >= 2 and all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
     # ids and log-probabilities (the server merges the probabilities of tokens that end inside a UTF-8 character,
     # frequent with the small vocabulary's byte tokens: compare the lists as the server returns them)
@@ -208,17 +220,13 @@ def test_metal_megakernel_not_on_by_default_on_apple_gpus(metal_emu_build, synth
     Hopper); the Metal kernel was never timed on a Mac, so ggml-metal declines and the log says why and how to ask."""
     import time
 
-    from harness import config, spec
+    from harness import spec
     t0 = time.time()
-    bin_dir = metal_emu_build / "bin"
-    if not (bin_dir / "llama-server").is_file():
-        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
-    env = {"LLAMA_MEGAKERNEL": None, "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
-           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
+    bin_dir, env = _server_setup(metal_emu_build, None)
     got = spec.run(bin_dir, synth_small["F16"], spec.PROMPTS[:1], 4, env=env, timeout=600, label="default, metal-emu",
                    args=["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"])
     assert len(got.gens[0].tokens) == 4
-    logs = [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
+    logs = _logs_since(t0)
     assert logs, "no server log"
     line = [x for x in logs[-1].splitlines() if "llama_mk:" in x]
     print("\n".join(line))
@@ -234,19 +242,15 @@ def test_metal_megakernel_server_two_streams_equal_one_slot(metal_emu_build, syn
     depend on what else the batch holds)."""
     import time
 
-    from harness import config, spec
+    from harness import spec
     t0 = time.time()
-    bin_dir = metal_emu_build / "bin"
-    if not (bin_dir / "llama-server").is_file():
-        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
-    env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
-           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
+    bin_dir, env = _server_setup(metal_emu_build, "1")
     prompts, n = ["It was a", "He was a"], 24
     base = ["-c", "512", "-ngl", "99", "-fa", "on", "-lv", "4"]
     one = spec.run(bin_dir, synth_small["F16"], prompts, n, args=[*base, "-np", "1"], env=env, label="one slot", timeout=600)
     two = spec.run(bin_dir, synth_small["F16"], prompts, n, args=[*base, "-np", "2"], env=env, concurrent=True,
                    label="two slots at once", timeout=600)
-    logs = [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
+    logs = _logs_since(t0)
     assert len(logs) >= 2 and all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
     assert any("llama_mk: a step over 2 KV streams" in x for x in logs), "the two-slot server never ran both streams in one step"
     assert not any("llama_mk: standard graph for this batch" in x for x in logs), "a batch fell back to the graph"
@@ -281,18 +285,11 @@ def test_metal_megakernel_server_draft_mtp_equals_greedy(metal_emu_build, synth_
     the assistant reads h strongly, so a hidden state of the wrong scale shows as other acceptance counts."""
     import time
 
-    from harness import config, spec
-    bin_dir = metal_emu_build / "bin"
-    if not (bin_dir / "llama-server").is_file():
-        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    from harness import spec
+    bin_dir, env = _server_setup(metal_emu_build, "1")
     target, assistant = synth_pair_h
-    env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
-           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
     prompts, n = spec.PROMPTS[:2], 24
     base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]  # -lv 4: the llama_mk lines reach the log
-
-    def logs_since(t0: float) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0)
 
     def mtp(k: int, mk: bool) -> tuple[spec.Run, str]:
         t0 = time.time()
@@ -300,11 +297,11 @@ def test_metal_megakernel_server_draft_mtp_equals_greedy(metal_emu_build, synth_
                      label=f"draft-mtp k={k}, {'megakernel' if mk else 'graph'}",
                      args=[*base, "-md", str(assistant), "-ngld", "99", "--spec-type", "draft-mtp",
                            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"])
-        return r, logs_since(t0)
+        return r, "\n".join(_logs_since(t0))
 
     t0 = time.time()
     greedy = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, megakernel", timeout=600)
-    assert "llama_mk: megakernel on MTL0" in logs_since(t0), "the greedy server ran without the megakernel"
+    assert "llama_mk: megakernel on MTL0" in "\n".join(_logs_since(t0)), "the greedy server ran without the megakernel"
     fails = []
     for k in MTP_KS:
         got, log = mtp(k, True)
@@ -339,18 +336,11 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
     no probabilities: a request for them keeps the server from sampling on the backend.)"""
     import time
 
-    from harness import config, spec
-    bin_dir = metal_emu_build / "bin"
-    if not (bin_dir / "llama-server").is_file():
-        pytest.skip(f"{bin_dir} has no llama-server (a build of libllama only)")
+    from harness import spec
+    bin_dir, env = _server_setup(metal_emu_build, "1")
     target, assistant = synth_pair_h
-    env = {"LLAMA_MEGAKERNEL": "1", "GGML_METAL_EMU_GPU_CORES": "1", "LLAMA_MEGAKERNEL_DEBUG": None,
-           "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
     prompts, n = spec.PROMPTS[:2], 24
     base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]
-
-    def logs_since(t0: float) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0)
 
     host = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, host sampling", timeout=600,
                     probs=False)
@@ -360,7 +350,7 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
         t0 = time.time()
         got = spec.run(bin_dir, target, prompts, n, args=[*base, *extra, "--backend-sampling"], env=env, timeout=600,
                        label=f"{label}, backend sampling", probs=False)
-        log = logs_since(t0)
+        log = "\n".join(_logs_since(t0))
         assert spec.MK_ON_LINE in log, f"{label}: the server ran without the megakernel"
         assert spec.MK_SAMPLING_LINE in log, f"{label}: the backend samplers never ran on the megakernel's logits"
         fell = [x for x in log.splitlines() if spec.MK_FALLBACK_LINE in x]
