@@ -765,23 +765,20 @@ public:
 };
 
 // the context's backend samplers over a megakernel step's logits: llm_graph_context::build_sampling, as the model's
-// graph applies them to its own t_logits, here on an input holding the megakernel's rows. The rows are placed on the
-// backend of the LM head's weights, so the samplers run where the model's graph would run them
+// graph applies them to its own t_logits, here on an input holding the megakernel's rows (n_vocab floats each, the
+// context's logits stride). The rows are placed on the output device, the one llama_context::set_sampler initialized
+// the samplers for, so they run where the model's graph would run them
 struct llm_build_mk_sampling : public llm_graph_context {
     llm_build_mk_sampling(const llama_model & model, const llm_graph_params & params) : llm_graph_context(params) {
-        const ggml_tensor * w = model.output ? model.output : model.tok_embd;
         auto inp = std::make_unique<llm_graph_input_mk_logits>(params.mk_logits);
-        inp->logits = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, w->ne[1], n_outputs);
+        inp->logits = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, model.vocab.n_tokens(), n_outputs);
         ggml_set_name(inp->logits, "mk_logits");
         ggml_set_input(inp->logits);
-        if (w->buffer && !ggml_backend_buffer_is_host(w->buffer)) {
-            ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
-            for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
-                ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
-                if (ggml_backend_supports_buft(backend, buft)) {
-                    ggml_backend_sched_set_tensor_backend(sched, inp->logits, backend);
-                    break;
-                }
+        for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+            ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
+            if (ggml_backend_get_device(backend) == model.dev_output()) {
+                ggml_backend_sched_set_tensor_backend(sched, inp->logits, backend);
+                break;
             }
         }
         res->t_logits = inp->logits;
