@@ -45,6 +45,7 @@ from .util import HarnessError, atomic_write_bytes
 SERVER_ARGS = ["-np", "1", "-ngl", "99", "-fa", "off", "--no-warmup", "-lv", "4"]
 MK_LINES = ("llama_mk: megakernel", "llama_mk_draft:", spec.MK_FALLBACK_LINE, spec.MK_SAMPLING_LINE)
 PROF_LINE = "llama_mk profile: host"   # --mk-profile: the host's share of the megakernel's one-token steps
+TL_LINE = "llama_mk timeline:"         # --mk-timeline: the megakernel's calls and the host time between them
 
 
 @dataclass
@@ -66,11 +67,12 @@ class Result:
     unstable: bool = False
 
 
-def configs(assistant: Path, ks: list[int], graph: bool, mk_profile: bool = False) -> list[Cfg]:
+def configs(assistant: Path, ks: list[int], graph: bool, mk_profile: bool = False, mk_timeline: bool = False) -> list[Cfg]:
     def mtp(k: int) -> list[str]:
         return ["-md", str(assistant), "-ngld", "99", "--spec-type", "draft-mtp", "--spec-draft-n-max", str(k),
                 "--spec-draft-n-min", "0"]
-    mk = {"LLAMA_MEGAKERNEL": "1", **({"LLAMA_MEGAKERNEL_PROFILE": "1"} if mk_profile else {})}
+    mk = {"LLAMA_MEGAKERNEL": "1", **({"LLAMA_MEGAKERNEL_PROFILE": "1"} if mk_profile else {}),
+          **({"LLAMA_MEGAKERNEL_TIMELINE": "1"} if mk_timeline else {})}
     out = [Cfg("greedy-mk", mk, [])]
     out += [Cfg(f"mtp-k{k}-mk", mk, mtp(k), "greedy-mk") for k in ks]
     if graph:
@@ -118,7 +120,13 @@ def measure(info: dict, prompts: list[str], n_predict: int) -> dict:
             "fused": spec.MK_FUSED_LINE in log,
             "fallback": sum(1 for x in log.splitlines() if spec.MK_FALLBACK_LINE in x),
             "lines": sorted({x.strip()[:200] for x in log.splitlines() if any(m in x for m in MK_LINES)}),
-            "prof": ([x.strip() for x in log.splitlines() if PROF_LINE in x] or [""])[-1]}
+            "prof": " | ".join(x for x in (last_line(log, PROF_LINE), last_line(log, TL_LINE)) if x)}
+
+
+def last_line(log: str, marker: str) -> str:
+    """The log's last line that holds marker, from the marker on ("" if none)."""
+    lines = [x[x.index(marker):].strip() for x in log.splitlines() if marker in x]
+    return lines[-1] if lines else ""
 
 
 def load_set_noise():
@@ -241,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-c", "--ctx", type=int, default=4096, help="llama-server context size (default 4096)")
     ap.add_argument("--mk-profile", action="store_true", help="LLAMA_MEGAKERNEL_PROFILE=1 for the megakernel's servers: "
                     "the host's share of its one-token steps in the results (the kernel's own profile slows it a little)")
+    ap.add_argument("--mk-timeline", action="store_true", help="LLAMA_MEGAKERNEL_TIMELINE=1 for the megakernel's servers: "
+                    "its steps, backend sampling graphs and draft launches, their mean times and the host time between "
+                    "them, in the results (host clocks only: the kernels run as without it)")
     ap.add_argument("--serial", action="store_true", help="one server at a time, restarted every round (default: a "
                     "level's servers side by side, started once)")
     ap.add_argument("--noise", type=floats, help="noise levels to rescale --target to, in turn (synth_gpu --set-noise)")
@@ -291,7 +302,7 @@ def run_levels(a, levels: list, prompts: list[str], results: dict, set_noise) ->
                 levels.append(y)
 
     fails = 0
-    cfgs = configs(a.assistant, a.k, not a.no_graph, a.mk_profile)
+    cfgs = configs(a.assistant, a.k, not a.no_graph, a.mk_profile, a.mk_timeline)
     for y in levels:
         if y is not None:
             set_noise(a.target, y)

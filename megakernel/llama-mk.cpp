@@ -21,6 +21,7 @@
 #include "ggml-cpu.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -29,6 +30,88 @@
 
 // LLAMA_MEGAKERNEL_PROFILE=1: the host profile line is printed every this many one-token steps (and at teardown)
 #define LLAMA_MK_PROF_EVERY 256
+
+// ---- LLAMA_MEGAKERNEL_TIMELINE (llama-mk.h) --------------------------------------------------------
+
+namespace {
+
+struct llama_mk_timeline {
+    static constexpr int     N_SIZES   = GGML_MK_MAX_TOKENS + 1;   // sizes 1..8; 0: larger
+    static constexpr int64_t MAX_GAP   = 50000;                    // us: longer gaps are idle time, not a step's
+    bool    on     = false;
+    int64_t every  = 256;   // a line every this many calls (LLAMA_MEGAKERNEL_TIMELINE=N > 1: every N)
+    int64_t t_last = 0;   // when the last call that is not a decode ended
+    int64_t calls  = 0;
+    int64_t n    [LLAMA_MK_TL_N_KINDS][N_SIZES] = {};
+    int64_t us   [LLAMA_MK_TL_N_KINDS][N_SIZES] = {};
+    int64_t n_gap[LLAMA_MK_TL_N_KINDS][N_SIZES] = {};
+    int64_t gap  [LLAMA_MK_TL_N_KINDS][N_SIZES] = {};
+
+    void say() const {
+        static const char * names[LLAMA_MK_TL_N_KINDS] = { "step", "sampling", "draft", "decode" };
+        std::string line;
+        char buf[160];
+        for (int k = 0; k < LLAMA_MK_TL_N_KINDS; ++k) {
+            for (int i = 0; i < N_SIZES; ++i) {
+                if (n[k][i] == 0) {
+                    continue;
+                }
+                if (k == LLAMA_MK_TL_DECODE) {
+                    snprintf(buf, sizeof(buf), "; %s %s%d: %lld x %.1f us", names[k], i ? "" : ">", i ? i : GGML_MK_MAX_TOKENS,
+                             (long long) n[k][i], (double) us[k][i]/n[k][i]);
+                } else {
+                    snprintf(buf, sizeof(buf), "; %s %s%d: %lld x %.1f us, %.1f us after the call before", names[k],
+                             i ? "" : ">", i ? i : GGML_MK_MAX_TOKENS, (long long) n[k][i], (double) us[k][i]/n[k][i],
+                             n_gap[k][i] ? (double) gap[k][i]/n_gap[k][i] : 0.0);
+                }
+                line += buf;
+            }
+        }
+        if (!line.empty()) {
+            LLAMA_LOG_INFO("llama_mk timeline: %lld calls%s\n", (long long) calls, line.c_str());
+        }
+    }
+};
+
+llama_mk_timeline & llama_mk_tl() {
+    static llama_mk_timeline tl = [] {
+        llama_mk_timeline t;
+        const char * e = getenv("LLAMA_MEGAKERNEL_TIMELINE");
+        t.on = e && atoi(e) > 0;
+        if (t.on && atoi(e) > 1) {
+            t.every = atoi(e);
+        }
+        return t;
+    }();
+    return tl;
+}
+
+} // namespace
+
+int64_t llama_mk_tl_begin() {
+    return llama_mk_tl().on ? ggml_time_us() : 0;
+}
+
+void llama_mk_tl_end(llama_mk_tl_kind kind, int32_t n, int64_t t_begin) {
+    llama_mk_timeline & tl = llama_mk_tl();
+    if (!tl.on || t_begin == 0) {
+        return;
+    }
+    const int64_t t_end = ggml_time_us();
+    const int i = n >= 1 && n <= GGML_MK_MAX_TOKENS ? n : 0;
+    tl.n [kind][i]++;
+    tl.us[kind][i] += t_end - t_begin;
+    if (kind != LLAMA_MK_TL_DECODE) {
+        if (tl.t_last > 0 && t_begin - tl.t_last <= llama_mk_timeline::MAX_GAP) {
+            tl.n_gap[kind][i]++;
+            tl.gap  [kind][i] += std::max<int64_t>(t_begin - tl.t_last, 0);
+        }
+        tl.t_last = t_end;
+    }
+    if (++tl.calls % tl.every == 0) {
+        tl.say();
+    }
+}
 
 // host staging of a step: mask and index tensors in a host buffer, views of llama.cpp's caches
 struct llama_mk_staging {
@@ -91,6 +174,7 @@ struct llama_mk : llama_mk_staging {
 
     ~llama_mk() {
         say_prof();
+        llama_mk_tl().say();
         if (backend_mk && free_fn) {
             free_fn(backend_mk);
         }
@@ -589,6 +673,7 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
     const uint32_t n_tokens = ubatch.n_tokens;
     const bool prof = mk->prof && n_tokens == 1;
     const int64_t t0 = prof ? ggml_time_us() : 0;
+    const int64_t t_tl = llama_mk_tl_begin();
 
     if (!mctx->apply()) {
         LLAMA_LOG_ERROR("llama_mk: failed to apply the memory context\n");
@@ -736,6 +821,7 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
             mk->say_prof();
         }
     }
+    llama_mk_tl_end(LLAMA_MK_TL_STEP, (int32_t) n_tokens, t_tl);
     return true;
 }
 
@@ -1065,6 +1151,7 @@ int32_t llama_mk_draft_tokens(llama_mk_draft * d, llama_memory_i * mem_dft, int3
         }
         return -1;
     }
+    const int64_t t_tl = llama_mk_tl_begin();
     ggml_mk_draft_step st = {};
     if (!llama_mk_draft_inputs(d, mem_dft, seq, pos, st)) {
         return -1;
@@ -1073,5 +1160,9 @@ int32_t llama_mk_draft_tokens(llama_mk_draft * d, llama_memory_i * mem_dft, int3
     st.token      = token;
     st.h          = h;
     st.tokens_out = out;
-    return llama_mk_draft_eval(d, st) ? k : -1;
+    if (!llama_mk_draft_eval(d, st)) {
+        return -1;
+    }
+    llama_mk_tl_end(LLAMA_MK_TL_DRAFT, k, t_tl);
+    return k;
 }

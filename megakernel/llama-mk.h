@@ -42,6 +42,42 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
 // the logits rows a megakernel step wrote to host memory (params.mk_logits, n_outputs rows), on the LM head's backend
 std::unique_ptr<llm_graph_context> llama_mk_sampling_graph(const llama_model & model, const llm_graph_params & params);
 
+// ---- LLAMA_MEGAKERNEL_TIMELINE=1: where a server's decode time goes around the megakernel ----
+//
+// One process-wide timeline of the calls one thread makes (llama-server's): the target's megakernel steps
+// (llama_mk_decode), the backend samplers' graph after a step, the fused draft's launches, and llama_context::decode
+// around a step the megakernel took. For each kind and size (tokens of a step, drafts of a launch): how many, their
+// mean time and the mean host time between the end of the previous call (not a decode: it encloses the others) and
+// their start (gaps over 50 ms, idle between requests, are left out). One line every 256 calls (=N > 1: every N) and
+// at teardown.
+
+enum llama_mk_tl_kind {
+    LLAMA_MK_TL_STEP     = 0,   // llama_mk_decode of a ubatch of n tokens
+    LLAMA_MK_TL_SAMPLING = 1,   // the backend samplers' graph over a step's logits (n: the step's tokens)
+    LLAMA_MK_TL_DRAFT    = 2,   // a fused draft launch of n steps (inputs included)
+    LLAMA_MK_TL_DECODE   = 3,   // llama_context::decode of a batch of n tokens the megakernel took
+    LLAMA_MK_TL_N_KINDS  = 4,
+};
+
+// the clock (ggml_time_us) at the start of a call, 0 when the timeline is off
+int64_t llama_mk_tl_begin();
+
+// the call of this kind and size that began at t_begin (from llama_mk_tl_begin) has ended
+void llama_mk_tl_end(llama_mk_tl_kind kind, int32_t n, int64_t t_begin);
+
+// a llama_context::decode the megakernel takes part in: set `on` once it has taken a ubatch
+struct llama_mk_tl_scope {
+    int32_t n;
+    int64_t t_begin;
+    bool    on = false;
+    explicit llama_mk_tl_scope(int32_t n) : n(n), t_begin(llama_mk_tl_begin()) {}
+    ~llama_mk_tl_scope() {
+        if (on) {
+            llama_mk_tl_end(LLAMA_MK_TL_DECODE, n, t_begin);
+        }
+    }
+};
+
 // ---- the fused MTP draft (ggml-mk.h: ggml_mk_draft) ----
 
 struct llama_mk_draft;

@@ -116,6 +116,10 @@ def test_bench_rounds_alternate_and_ratios_are_paired_medians(monkeypatch, wrong
     assert cfgs[2].env == {"LLAMA_MEGAKERNEL": "0"} and cfgs[0].env == {"LLAMA_MEGAKERNEL": "1"}
     prof = bench_mtp.configs(Path("a.gguf"), [2], graph=True, mk_profile=True)
     assert [c.env.get("LLAMA_MEGAKERNEL_PROFILE") for c in prof] == ["1", "1", None, None]
+    assert not any("LLAMA_MEGAKERNEL_TIMELINE" in c.env for c in prof)
+    tl = bench_mtp.configs(Path("a.gguf"), [2], graph=True, mk_timeline=True)
+    assert [c.env.get("LLAMA_MEGAKERNEL_TIMELINE") for c in tl] == ["1", "1", None, None]
+    assert not any("LLAMA_MEGAKERNEL_PROFILE" in c.env for c in tl)
     fake = _FakeServers({"greedy-mk": [100, 110, 90], "mtp-k2-mk": [150, 154, 171],
                          "greedy-graph": [50, 50, 50], "mtp-k2-graph": [60, 66, 45]}, wrong)
     monkeypatch.setattr(bench_mtp, "measure", fake.measure)
@@ -196,3 +200,11 @@ def test_bench_gives_the_target_its_noise_back(monkeypatch, tmp_path):
         bench_mtp.main(["--bin", str(tmp_path), "--target", str(tmp_path / "t.gguf"), "--assistant",
                         str(tmp_path / "a.gguf"), "--noise", "40,48"])
     assert calls == [None, 40.0, 1.0]
+
+
+def test_last_line_takes_the_last_marked_line_from_its_marker():
+    log = ("srv  x: llama_mk timeline: 256 calls; step 1: 128 x 4300.0 us\n"
+           "other line\n"
+           "0.12.003 I llama_mk timeline: 512 calls; step 1: 256 x 4310.5 us\n")
+    assert bench_mtp.last_line(log, bench_mtp.TL_LINE) == "llama_mk timeline: 512 calls; step 1: 256 x 4310.5 us"
+    assert bench_mtp.last_line(log, bench_mtp.PROF_LINE) == ""

@@ -336,11 +336,14 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
     no probabilities: a request for them keeps the server from sampling on the backend.)"""
     import time
 
+    import re
+
     from harness import spec
     bin_dir, env = _server_setup(metal_emu_build, "1")
     target, assistant = synth_pair_h
     prompts, n = spec.PROMPTS[:2], 24
     base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]
+    env = {**env, "LLAMA_MEGAKERNEL_TIMELINE": "8"}   # a timeline line every 8 calls (megakernel/llama-mk.h)
 
     host = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, host sampling", timeout=600,
                     probs=False)
@@ -358,6 +361,17 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
         for i, (g, h) in enumerate(zip(host.gens, got.gens)):
             assert len(h.tokens) == n and g.tokens == h.tokens, \
                 f"{label}, prompt {i}: token ids differ from host sampling at {spec.first_diff(g.tokens, h.tokens)}"
+        # the timeline counts what the server's steps were: one-token steps (greedy) or verify steps of 3 tokens after
+        # draft launches of 2, each followed by its sampling graph, inside a decode call
+        tl = [x for x in log.splitlines() if "llama_mk timeline:" in x]
+        assert tl, f"{label}: no timeline line (LLAMA_MEGAKERNEL_TIMELINE)"
+        seen = {(k, int(m)): int(c) for k, m, c, _ in
+                re.findall(r"(step|sampling|draft|decode) (\d+): (\d+) x ([\d.]+) us", tl[-1])}
+        m = 3 if extra else 1
+        for kind in ("step", "sampling", "decode") + (("draft",) if extra else ()):
+            size = 2 if kind == "draft" else m
+            assert seen.get((kind, size), 0) > 0, f"{label}: the timeline has no {kind} of {size}: {tl[-1]}"
+        assert extra or not any(k == "draft" for k, _ in seen), f"{label}: draft launches without drafting: {tl[-1]}"
         if extra:
             print(f"{label}: drafts accepted {got.draft_accepted}/{got.draft_n}")
             assert 0 < got.draft_accepted < got.draft_n, "drafts all accepted or all rejected: the rows' order is untested"
