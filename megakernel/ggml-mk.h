@@ -22,7 +22,7 @@ extern "C" {
 #endif
 #endif // __METAL_VERSION__
 
-#define GGML_MK_VERSION      4
+#define GGML_MK_VERSION      5
 #define GGML_MK_MAX_TOKENS   8     // decode (1) and verify (k+1 <= 8) batches
 #define GGML_MK_MAX_LAYERS   128
 #define GGML_MK_MAX_HEAD_DIM 512
@@ -206,6 +206,11 @@ struct ggml_mk_step {
     int32_t n_h;                                    // 0: none wanted (h_out may be NULL)
     int32_t h_rows[GGML_MK_MAX_TOKENS];
     float * h_out;
+
+    // NULL, or where the n_out logits rows also go on the device: an address inside one of the backend's own buffers
+    // (llama.cpp's tensor for them on its output device, where its backend samplers read them), n_out rows of n_vocab
+    // floats one after the other; with it, eval's host logits may be NULL (no copy to the host)
+    void * logits_dev;
 };
 
 // the attention chunk for a context of n_ctx cells: 8 cells, doubled until at most 1024 chunks
@@ -218,8 +223,8 @@ static inline int32_t ggml_mk_att_chunk(int32_t n_ctx) {
 }
 
 typedef void * (*ggml_backend_mk_create_t)(const struct ggml_mk_model * model, char * err, size_t err_size);
-// evaluates one step; writes n_out rows of n_vocab logits to logits (host memory) and the step's n_h hidden rows to
-// step->h_out; 0 = success
+// evaluates one step; writes n_out rows of n_vocab logits to logits (host memory; NULL: none) and to
+// step->logits_dev (device; NULL: none), and the step's n_h hidden rows to step->h_out; 0 = success
 typedef int    (*ggml_backend_mk_eval_t)(void * mk, const struct ggml_mk_step * step, float * logits);
 typedef void   (*ggml_backend_mk_free_t)(void * mk);
 

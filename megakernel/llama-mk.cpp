@@ -20,10 +20,12 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,39 +38,42 @@
 namespace {
 
 struct llama_mk_timeline {
-    static constexpr int     N_SIZES   = GGML_MK_MAX_TOKENS + 1;   // sizes 1..8; 0: larger
-    static constexpr int64_t MAX_GAP   = 50000;                    // us: longer gaps are idle time, not a step's
-    bool    on     = false;
-    int64_t every  = 256;   // a line every this many calls (LLAMA_MEGAKERNEL_TIMELINE=N > 1: every N)
-    int64_t t_last = 0;   // when the last call that is not a decode ended
-    int64_t calls  = 0;
-    int64_t n    [LLAMA_MK_TL_N_KINDS][N_SIZES] = {};
-    int64_t us   [LLAMA_MK_TL_N_KINDS][N_SIZES] = {};
-    int64_t n_gap[LLAMA_MK_TL_N_KINDS][N_SIZES] = {};
-    int64_t gap  [LLAMA_MK_TL_N_KINDS][N_SIZES] = {};
+    static constexpr int64_t MAX_GAP   = 50000;   // us: a longer interval between calls is idle time
+    static constexpr size_t  MAX_KEEP  = 1 << 20; // samples kept per pair (for its median)
+    static constexpr size_t  MAX_PAIRS = 48;      // pairs a line shows (the largest totals)
+
+    struct pair_stat {
+        std::vector<int32_t> us;
+        int64_t n   = 0;
+        int64_t sum = 0;
+    };
+
+    bool         on     = false;
+    int64_t      every  = 256;     // a line every this many points (LLAMA_MEGAKERNEL_TIMELINE=N > 1: every N)
+    int64_t      points = 0;
+    const char * last_what = nullptr;
+    int32_t      last_n    = 0;
+    int64_t      last_t    = 0;
+    std::map<std::string, pair_stat> pairs;
 
     void say() const {
-        static const char * names[LLAMA_MK_TL_N_KINDS] = { "step", "sampling", "draft", "decode" };
+        std::vector<std::pair<int64_t, const std::string *>> order;
+        for (const auto & [key, st] : pairs) {
+            order.emplace_back(-st.sum, &key);
+        }
+        std::sort(order.begin(), order.end());
         std::string line;
-        char buf[160];
-        for (int k = 0; k < LLAMA_MK_TL_N_KINDS; ++k) {
-            for (int i = 0; i < N_SIZES; ++i) {
-                if (n[k][i] == 0) {
-                    continue;
-                }
-                if (k == LLAMA_MK_TL_DECODE) {
-                    snprintf(buf, sizeof(buf), "; %s %s%d: %lld x %.1f us", names[k], i ? "" : ">", i ? i : GGML_MK_MAX_TOKENS,
-                             (long long) n[k][i], (double) us[k][i]/n[k][i]);
-                } else {
-                    snprintf(buf, sizeof(buf), "; %s %s%d: %lld x %.1f us, %.1f us after the call before", names[k],
-                             i ? "" : ">", i ? i : GGML_MK_MAX_TOKENS, (long long) n[k][i], (double) us[k][i]/n[k][i],
-                             n_gap[k][i] ? (double) gap[k][i]/n_gap[k][i] : 0.0);
-                }
-                line += buf;
-            }
+        char buf[192];
+        for (size_t i = 0; i < order.size() && i < MAX_PAIRS; ++i) {
+            const pair_stat & st = pairs.at(*order[i].second);
+            std::vector<int32_t> v = st.us;
+            std::nth_element(v.begin(), v.begin() + v.size()/2, v.end());
+            snprintf(buf, sizeof(buf), "; %s: %lld x %d us median, %.1f mean", order[i].second->c_str(), (long long) st.n,
+                     v.empty() ? 0 : v[v.size()/2], (double) st.sum/st.n);
+            line += buf;
         }
         if (!line.empty()) {
-            LLAMA_LOG_INFO("llama_mk timeline: %lld calls%s\n", (long long) calls, line.c_str());
+            LLAMA_LOG_INFO("llama_mk timeline: %lld points%s\n", (long long) points, line.c_str());
         }
     }
 };
@@ -88,27 +93,33 @@ llama_mk_timeline & llama_mk_tl() {
 
 } // namespace
 
-int64_t llama_mk_tl_begin() {
+int64_t llama_mk_tl_now() {
     return llama_mk_tl().on ? ggml_time_us() : 0;
 }
 
-void llama_mk_tl_end(llama_mk_tl_kind kind, int32_t n, int64_t t_begin) {
+void llama_mk_tl_mark(const char * what, int32_t n, int64_t t_us) {
     llama_mk_timeline & tl = llama_mk_tl();
-    if (!tl.on || t_begin == 0) {
+    if (!tl.on) {
         return;
     }
-    const int64_t t_end = ggml_time_us();
-    const int i = n >= 1 && n <= GGML_MK_MAX_TOKENS ? n : 0;
-    tl.n [kind][i]++;
-    tl.us[kind][i] += t_end - t_begin;
-    if (kind != LLAMA_MK_TL_DECODE) {
-        if (tl.t_last > 0 && t_begin - tl.t_last <= llama_mk_timeline::MAX_GAP) {
-            tl.n_gap[kind][i]++;
-            tl.gap  [kind][i] += std::max<int64_t>(t_begin - tl.t_last, 0);
+    const int64_t t = t_us != 0 ? t_us : ggml_time_us();
+    // (an interval from the end of a decode or a draft is the server's: over MAX_GAP it idled between requests)
+    const bool between = tl.last_what && (strcmp(tl.last_what, "decode<") == 0 || strcmp(tl.last_what, "draft<") == 0);
+    if (tl.last_what && (!between || t - tl.last_t <= llama_mk_timeline::MAX_GAP)) {
+        char key[96];
+        snprintf(key, sizeof(key), "%s%d .. %s%d", tl.last_what, tl.last_n, what, n);
+        auto & st = tl.pairs[key];
+        const int64_t d = std::max<int64_t>(t - tl.last_t, 0);
+        if (st.us.size() < llama_mk_timeline::MAX_KEEP) {
+            st.us.push_back((int32_t) d);
         }
-        tl.t_last = t_end;
+        st.n++;
+        st.sum += d;
     }
-    if (++tl.calls % tl.every == 0) {
+    tl.last_what = what;
+    tl.last_n    = n;
+    tl.last_t    = t;
+    if (++tl.points % tl.every == 0) {
         tl.say();
     }
 }
@@ -153,6 +164,12 @@ struct llama_mk : llama_mk_staging {
     ggml_tensor          * t_mask[GGML_MK_N_CACHES] = {nullptr, nullptr};
     ggml_tensor          * t_idx [GGML_MK_N_CACHES] = {nullptr, nullptr};
 
+    // the logits rows for the backend samplers on the output device (llama_mk_logits_dev)
+    ggml_context         * ctx_dev = nullptr;
+    ggml_backend_buffer_t  buf_dev = nullptr;
+    ggml_tensor          * t_logits_dev = nullptr;
+    bool                   tried_dev = false;
+
     std::set<std::string>  said;     // reasons already logged
     bool                   said_streams = false;
 
@@ -175,6 +192,12 @@ struct llama_mk : llama_mk_staging {
     ~llama_mk() {
         say_prof();
         llama_mk_tl().say();
+        if (buf_dev) {
+            ggml_backend_buffer_free(buf_dev);
+        }
+        if (ctx_dev) {
+            ggml_free(ctx_dev);
+        }
         if (backend_mk && free_fn) {
             free_fn(backend_mk);
         }
@@ -666,14 +689,34 @@ static ggml_mk_kv_view llama_mk_kv_view_of(const ggml_tensor * k, const ggml_ten
     return kv;
 }
 
+ggml_tensor * llama_mk_logits_dev(llama_mk * mk) {
+    if (!mk->tried_dev) {
+        mk->tried_dev = true;
+        ggml_backend_dev_t dev = mk->model->dev_output();
+        ggml_backend_buffer_type_t bt = dev ? ggml_backend_dev_buffer_type(dev) : nullptr;
+        ggml_init_params ip = { ggml_tensor_overhead(), nullptr, true };
+        mk->ctx_dev = bt ? ggml_init(ip) : nullptr;
+        if (mk->ctx_dev) {
+            mk->t_logits_dev = ggml_new_tensor_2d(mk->ctx_dev, GGML_TYPE_F32, mk->model->vocab.n_tokens(), GGML_MK_MAX_TOKENS);
+            ggml_set_name(mk->t_logits_dev, "mk_logits_dev");
+            mk->buf_dev = ggml_backend_alloc_ctx_tensors_from_buft(mk->ctx_dev, bt);
+        }
+        if (!mk->buf_dev) {
+            LLAMA_LOG_WARN("llama_mk: no buffer on the output device for the backend samplers' logits rows\n");
+            mk->t_logits_dev = nullptr;
+        }
+    }
+    return mk->t_logits_dev;
+}
+
 bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out,
-                     float * h_out, bool h_masked) {
+                     float * h_out, bool h_masked, ggml_tensor * logits_dev) {
     const ggml_mk_model & p = mk->plan;
     const llama_model & model = *mk->model;
     const uint32_t n_tokens = ubatch.n_tokens;
     const bool prof = mk->prof && n_tokens == 1;
     const int64_t t0 = prof ? ggml_time_us() : 0;
-    const int64_t t_tl = llama_mk_tl_begin();
+    llama_mk_tl_mark("step>", (int32_t) n_tokens);
 
     if (!mctx->apply()) {
         LLAMA_LOG_ERROR("llama_mk: failed to apply the memory context\n");
@@ -803,8 +846,13 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
     }
     st.embd   = mk->embd.data();
     st.pl_embd = n_pl > 0 ? mk->pl_embd.data() : nullptr;
+    if (logits_dev) {
+        GGML_ASSERT(logits_dev->ne[0] == p.n_vocab && logits_dev->ne[1] >= n_out && ggml_is_contiguous(logits_dev));
+        st.logits_dev = logits_dev->data;
+    }
 
     const int64_t t2 = prof ? ggml_time_us() : 0;
+    llama_mk_tl_mark("step.launch>", (int32_t) n_tokens);
     const int rc = mk->eval(mk->backend_mk, &st, logits_out);
     if (rc != 0) {
         LLAMA_LOG_ERROR("llama_mk: the megakernel failed (code %d)\n", rc);
@@ -821,7 +869,7 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
             mk->say_prof();
         }
     }
-    llama_mk_tl_end(LLAMA_MK_TL_STEP, (int32_t) n_tokens, t_tl);
+    llama_mk_tl_mark("step<", (int32_t) n_tokens);
     return true;
 }
 
@@ -829,44 +877,35 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
 
 namespace {
 
-// the input of a LLM_GRAPH_TYPE_MK_SAMPLING graph: the step's logits rows, which the megakernel wrote to host memory
-// (params.mk_logits), uploaded to the device
+// the input of a LLM_GRAPH_TYPE_MK_SAMPLING graph: the step's logits rows, which the megakernel wrote to its tensor on
+// the output device (llama_mk_logits_dev): nothing to upload; the graph can be reused while the rows' tensor and count
+// are the same
 class llm_graph_input_mk_logits : public llm_graph_input_i {
 public:
-    explicit llm_graph_input_mk_logits(const float * src) : src(src) {}
+    explicit llm_graph_input_mk_logits(ggml_tensor * src) : src(src) {}
 
     void set_input(const llama_ubatch * ubatch) override {
         GGML_UNUSED(ubatch);
-        GGML_ASSERT(src != nullptr && "LLM_GRAPH_TYPE_MK_SAMPLING without logits");
-        ggml_backend_tensor_set(logits, src, 0, ggml_nbytes(logits));
     }
 
     bool can_reuse(const llm_graph_params & params) override {
-        src = params.mk_logits;
-        return logits->ne[1] == (int64_t) params.n_outputs;
+        return params.mk_logits == src && logits->ne[1] == (int64_t) params.n_outputs;
     }
 
-    ggml_tensor * logits = nullptr;   // [n_vocab, n_outputs]
-    const float * src;
+    ggml_tensor * logits = nullptr;   // [n_vocab, n_outputs]: a view of src
+    ggml_tensor * src;
 };
 
 // the context's backend samplers over a megakernel step's logits: llm_graph_context::build_sampling, as the model's
-// graph applies them to its own t_logits, here on an input holding the megakernel's rows (n_vocab floats each, the
-// context's logits stride). The rows are placed on the output device, the one llama_context::set_sampler initialized
-// the samplers for, so they run where the model's graph would run them
+// graph applies them to its own t_logits, here on a view of the rows the megakernel wrote to the output device (the
+// device llama_context::set_sampler initialized the samplers for: they run where the model's graph would run them)
 struct llm_build_mk_sampling : public llm_graph_context {
     llm_build_mk_sampling(const llama_model & model, const llm_graph_params & params) : llm_graph_context(params) {
+        GGML_ASSERT(params.mk_logits != nullptr && "LLM_GRAPH_TYPE_MK_SAMPLING without logits");
+        GGML_ASSERT(params.mk_logits->ne[0] == model.vocab.n_tokens() && params.mk_logits->ne[1] >= n_outputs);
         auto inp = std::make_unique<llm_graph_input_mk_logits>(params.mk_logits);
-        inp->logits = ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, model.vocab.n_tokens(), n_outputs);
+        inp->logits = ggml_view_2d(ctx0, params.mk_logits, params.mk_logits->ne[0], n_outputs, params.mk_logits->nb[1], 0);
         ggml_set_name(inp->logits, "mk_logits");
-        ggml_set_input(inp->logits);
-        for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
-            ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
-            if (ggml_backend_get_device(backend) == model.dev_output()) {
-                ggml_backend_sched_set_tensor_backend(sched, inp->logits, backend);
-                break;
-            }
-        }
         res->t_logits = inp->logits;
         res->add_input(std::move(inp));
         ggml_build_forward_expand(gf, res->t_logits);
@@ -1151,7 +1190,7 @@ int32_t llama_mk_draft_tokens(llama_mk_draft * d, llama_memory_i * mem_dft, int3
         }
         return -1;
     }
-    const int64_t t_tl = llama_mk_tl_begin();
+    llama_mk_tl_mark("draft>", k);
     ggml_mk_draft_step st = {};
     if (!llama_mk_draft_inputs(d, mem_dft, seq, pos, st)) {
         return -1;
@@ -1160,9 +1199,10 @@ int32_t llama_mk_draft_tokens(llama_mk_draft * d, llama_memory_i * mem_dft, int3
     st.token      = token;
     st.h          = h;
     st.tokens_out = out;
+    llama_mk_tl_mark("draft.launch>", k);
     if (!llama_mk_draft_eval(d, st)) {
         return -1;
     }
-    llama_mk_tl_end(LLAMA_MK_TL_DRAFT, k, t_tl);
+    llama_mk_tl_mark("draft<", k);
     return k;
 }

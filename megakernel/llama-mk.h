@@ -14,6 +14,7 @@ class  llama_memory_context_i;
 struct llama_memory_i;
 struct llm_graph_context;
 struct llm_graph_params;
+struct ggml_tensor;
 
 struct llama_mk;
 
@@ -32,48 +33,53 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
 bool llama_mk_accepts(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, const char * no = nullptr);
 
 // applies mctx (the ubatch's KV cells) and evaluates the ubatch: K/V rows written to the cache, the
-// logits of the ubatch's output tokens (ubatch.output order) written to logits_out; false = error.
+// logits of the ubatch's output tokens (ubatch.output order) written to logits_out (host; nullptr: not there) and to
+// the first rows of logits_dev (llama_mk_logits_dev; nullptr: not there); false = error.
 // h_out != nullptr: also the hidden states an MTP draft reads (the graph's t_h_nextn: rmsnorm(x)*output_norm,
 // n_embd floats per row), of every token of the ubatch or, h_masked, of its output tokens (ubatch.output order)
 bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_context_i * mctx, float * logits_out,
-                     float * h_out = nullptr, bool h_masked = false);
+                     float * h_out = nullptr, bool h_masked = false, ggml_tensor * logits_dev = nullptr);
+
+// the tensor on the model's output device ([n_vocab, GGML_MK_MAX_TOKENS] F32, made on the first call) that a step's
+// logits rows go to for the backend samplers, so they never pass through the host; nullptr if it cannot be made
+ggml_tensor * llama_mk_logits_dev(llama_mk * mk);
 
 // the graph of a LLM_GRAPH_TYPE_MK_SAMPLING step (llama_model::build_graph): the context's backend samplers applied to
-// the logits rows a megakernel step wrote to host memory (params.mk_logits, n_outputs rows), on the LM head's backend
+// the logits rows a megakernel step wrote to llama_mk_logits_dev (params.mk_logits, its first n_outputs rows)
 std::unique_ptr<llm_graph_context> llama_mk_sampling_graph(const llama_model & model, const llm_graph_params & params);
 
 // ---- LLAMA_MEGAKERNEL_TIMELINE=1: where a server's decode time goes around the megakernel ----
 //
-// One process-wide timeline of the calls one thread makes (llama-server's): the target's megakernel steps
-// (llama_mk_decode), the backend samplers' graph after a step, the fused draft's launches, and llama_context::decode
-// around a step the megakernel took. For each kind and size (tokens of a step, drafts of a launch): how many, their
-// mean time and the mean host time between the end of the previous call (not a decode: it encloses the others) and
-// their start (gaps over 50 ms, idle between requests, are left out). One line every 256 calls (=N > 1: every N) and
-// at teardown.
+// A process-wide timeline of points one thread marks (llama-server's): llama_context::decode's start and end around a
+// batch the megakernel takes ("decode>", "decode<"), a step's start, its launch and its end ("step>", "step.launch>",
+// "step<": llama_mk_decode), the backend samplers' graph after it ("sampling>", "sampling<"), a fused draft's start,
+// launch and end ("draft>", "draft.launch>", "draft<"); each point with the size of its batch or draft. Every
+// interval between two consecutive points is counted under the pair ("draft<3 .. decode>4": the host's work from a
+// draft launch's end to the next decode), with its count, median and mean; intervals from a decode's or a draft's
+// end over 50 ms (idle between requests) are left out. One line, the pairs by their total time, every 256 points (=N > 1: every N) and at teardown.
 
-enum llama_mk_tl_kind {
-    LLAMA_MK_TL_STEP     = 0,   // llama_mk_decode of a ubatch of n tokens
-    LLAMA_MK_TL_SAMPLING = 1,   // the backend samplers' graph over a step's logits (n: the step's tokens)
-    LLAMA_MK_TL_DRAFT    = 2,   // a fused draft launch of n steps (inputs included)
-    LLAMA_MK_TL_DECODE   = 3,   // llama_context::decode of a batch of n tokens the megakernel took
-    LLAMA_MK_TL_N_KINDS  = 4,
-};
+// the clock (ggml_time_us) when the timeline is on, else 0
+int64_t llama_mk_tl_now();
 
-// the clock (ggml_time_us) at the start of a call, 0 when the timeline is off
-int64_t llama_mk_tl_begin();
+// a point of the timeline: what (a string literal) for a batch or draft of n, at t_us (0: now); nothing when off
+void llama_mk_tl_mark(const char * what, int32_t n, int64_t t_us = 0);
 
-// the call of this kind and size that began at t_begin (from llama_mk_tl_begin) has ended
-void llama_mk_tl_end(llama_mk_tl_kind kind, int32_t n, int64_t t_begin);
-
-// a llama_context::decode the megakernel takes part in: set `on` once it has taken a ubatch
-struct llama_mk_tl_scope {
+// llama_context::decode's points: its start is marked once the megakernel takes one of its ubatches (took()), its
+// end when it returns
+struct llama_mk_tl_decode {
     int32_t n;
     int64_t t_begin;
     bool    on = false;
-    explicit llama_mk_tl_scope(int32_t n) : n(n), t_begin(llama_mk_tl_begin()) {}
-    ~llama_mk_tl_scope() {
+    explicit llama_mk_tl_decode(int32_t n) : n(n), t_begin(llama_mk_tl_now()) {}
+    void took() {
+        if (!on && t_begin != 0) {
+            on = true;
+            llama_mk_tl_mark("decode>", n, t_begin);
+        }
+    }
+    ~llama_mk_tl_decode() {
         if (on) {
-            llama_mk_tl_end(LLAMA_MK_TL_DECODE, n, t_begin);
+            llama_mk_tl_mark("decode<", n);
         }
     }
 };

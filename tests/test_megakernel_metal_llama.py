@@ -343,7 +343,7 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
     target, assistant = synth_pair_h
     prompts, n = spec.PROMPTS[:2], 24
     base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]
-    env = {**env, "LLAMA_MEGAKERNEL_TIMELINE": "8"}   # a timeline line every 8 calls (megakernel/llama-mk.h)
+    env = {**env, "LLAMA_MEGAKERNEL_TIMELINE": "8"}   # a timeline line every 8 points (megakernel/llama-mk.h)
 
     host = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, host sampling", timeout=600,
                     probs=False)
@@ -361,17 +361,19 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
         for i, (g, h) in enumerate(zip(host.gens, got.gens)):
             assert len(h.tokens) == n and g.tokens == h.tokens, \
                 f"{label}, prompt {i}: token ids differ from host sampling at {spec.first_diff(g.tokens, h.tokens)}"
-        # the timeline counts what the server's steps were: one-token steps (greedy) or verify steps of 3 tokens after
-        # draft launches of 2, each followed by its sampling graph, inside a decode call
+        # the timeline's intervals say what the server's steps were: one-token steps (greedy) or verify steps of 3
+        # tokens after draft launches of 2, each step inside a decode call and followed by its sampling graph
         tl = [x for x in log.splitlines() if "llama_mk timeline:" in x]
         assert tl, f"{label}: no timeline line (LLAMA_MEGAKERNEL_TIMELINE)"
-        seen = {(k, int(m)): int(c) for k, m, c, _ in
-                re.findall(r"(step|sampling|draft|decode) (\d+): (\d+) x ([\d.]+) us", tl[-1])}
+        seen = {a: int(c) for a, c in re.findall(r"; ([a-z.<>0-9]+ \.\. [a-z.<>0-9]+): (\d+) x \d+ us median", tl[-1])}
         m = 3 if extra else 1
-        for kind in ("step", "sampling", "decode") + (("draft",) if extra else ()):
-            size = 2 if kind == "draft" else m
-            assert seen.get((kind, size), 0) > 0, f"{label}: the timeline has no {kind} of {size}: {tl[-1]}"
-        assert extra or not any(k == "draft" for k, _ in seen), f"{label}: draft launches without drafting: {tl[-1]}"
+        want = [f"decode>{m} .. step>{m}", f"step>{m} .. step.launch>{m}", f"step.launch>{m} .. step<{m}",
+                f"step<{m} .. sampling>{m}", f"sampling>{m} .. sampling<{m}", f"sampling<{m} .. decode<{m}"]
+        want += [f"decode<{m} .. draft>2", "draft>2 .. draft.launch>2", "draft.launch>2 .. draft<2",
+                 f"draft<2 .. decode>{m}"] if extra else [f"decode<{m} .. decode>{m}"]
+        for w in want:
+            assert seen.get(w, 0) > 0, f"{label}: the timeline has no interval {w}: {tl[-1]}"
+        assert extra or not any("draft" in w for w in seen), f"{label}: draft launches without drafting: {tl[-1]}"
         if extra:
             print(f"{label}: drafts accepted {got.draft_accepted}/{got.draft_n}")
             assert 0 < got.draft_accepted < got.draft_n, "drafts all accepted or all rejected: the rows' order is untested"

@@ -62,20 +62,22 @@ void ggml_metal_mk_buffer_remove(ggml_metal_buffer_t buf) {
                     g_mk_bufs.end());
 }
 
+// the registered buffer that holds bytes [p, p + n), or nullptr
+static ggml_metal_buffer_t ggml_metal_mk_find(const void * p, size_t n) {
+    std::lock_guard<std::mutex> lk(g_mk_bufs_lock);
+    for (const auto & b : g_mk_bufs) {
+        if ((const char *) p >= b.base && (const char *) p + n <= b.base + b.size) {
+            return b.buf;
+        }
+    }
+    return nullptr;
+}
+
 // the Metal buffer (and offset in it) that holds bytes [p, p + n): found through the backend buffer
 // that contains them and ggml-metal's own lookup (which picks the view of a mapped model that holds
 // them whole)
 static bool ggml_metal_mk_resolve(const void * p, size_t n, ggml_metal_buffer_id * id) {
-    ggml_metal_buffer_t buf = nullptr;
-    {
-        std::lock_guard<std::mutex> lk(g_mk_bufs_lock);
-        for (const auto & b : g_mk_bufs) {
-            if ((const char *) p >= b.base && (const char *) p + n <= b.base + b.size) {
-                buf = b.buf;
-                break;
-            }
-        }
-    }
+    ggml_metal_buffer_t buf = ggml_metal_mk_find(p, n);
     if (!buf) {
         return false;
     }
@@ -465,8 +467,26 @@ int ggml_metal_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
 
     const char * scr = (const char *) ggml_metal_buffer_get_base(mk->buf_scratch);
     const float * lo = (const float *) (scr + P->s_logits);
-    for (int i = 0; i < step->n_out; ++i) {
-        memcpy(logits + (size_t) i*P->n_vocab, lo + (size_t) step->out_rows[i]*P->n_vocab, (size_t) P->n_vocab*sizeof(float));
+    const size_t row_bytes = (size_t) P->n_vocab*sizeof(float);
+    for (int i = 0; i < step->n_out && logits; ++i) {
+        memcpy(logits + (size_t) i*P->n_vocab, lo + (size_t) step->out_rows[i]*P->n_vocab, row_bytes);
+    }
+    if (step->logits_dev && step->n_out > 0) {
+        // into llama.cpp's tensor on the device: through ggml-metal's own copy into its buffer (a shared buffer: a
+        // memcpy; a private one: a blit)
+        ggml_metal_buffer_t dst = ggml_metal_mk_find(step->logits_dev, (size_t) step->n_out*row_bytes);
+        if (!dst) {
+            GGML_LOG_ERROR("%s: the logits' device destination %p is in no buffer of this backend\n", __func__, step->logits_dev);
+            return 3;
+        }
+        ggml_tensor t = {};
+        t.type = GGML_TYPE_F32;
+        t.ne[0] = P->n_vocab; t.ne[1] = step->n_out; t.ne[2] = t.ne[3] = 1;
+        t.nb[0] = sizeof(float); t.nb[1] = row_bytes; t.nb[2] = t.nb[3] = (size_t) step->n_out*row_bytes;
+        t.data = step->logits_dev;
+        for (int i = 0; i < step->n_out; ++i) {
+            ggml_metal_buffer_set_tensor(dst, &t, lo + (size_t) step->out_rows[i]*P->n_vocab, (size_t) i*row_bytes, row_bytes);
+        }
     }
     // the hidden states: the LM head's inputs rmsnorm(x)*output_norm, which the kernel leaves in s_xn
     const float * xn = (const float *) (scr + P->s_xn);

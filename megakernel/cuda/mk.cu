@@ -672,10 +672,15 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     if (mk->d_prof) {
         cudaEventRecord(mk->ev[1], mk->stream);
     }
+    const size_t row_bytes = (size_t) mk->n_vocab*sizeof(float);
     for (int i = 0; i < step->n_out; ++i) {
         const int r = step->out_rows[i];
-        if (cudaMemcpyAsync(logits + (size_t) i*mk->n_vocab, a.logits + (size_t) r*mk->n_vocab,
-                            (size_t) mk->n_vocab*sizeof(float), cudaMemcpyDeviceToHost, mk->stream) != cudaSuccess) {
+        if (logits && cudaMemcpyAsync(logits + (size_t) i*mk->n_vocab, a.logits + (size_t) r*mk->n_vocab, row_bytes,
+                                      cudaMemcpyDeviceToHost, mk->stream) != cudaSuccess) {
+            return 5;
+        }
+        if (step->logits_dev && cudaMemcpyAsync((char *) step->logits_dev + i*row_bytes, a.logits + (size_t) r*mk->n_vocab,
+                                                row_bytes, cudaMemcpyDeviceToDevice, mk->stream) != cudaSuccess) {
             return 5;
         }
     }
