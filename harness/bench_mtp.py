@@ -250,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mk-profile", action="store_true", help="LLAMA_MEGAKERNEL_PROFILE=1 for the megakernel's servers: "
                     "the host's share of its one-token steps in the results (the kernel's own profile slows it a little)")
     ap.add_argument("--mk-timeline", action="store_true", help="LLAMA_MEGAKERNEL_TIMELINE=1 for the megakernel's servers: "
-                    "its steps, backend sampling graphs and draft launches, their mean times and the host time between "
-                    "them, in the results (host clocks only: the kernels run as without it)")
+                    "the intervals between its steps' points (decode, launch, sampling graph, draft) and the host's "
+                    "time between them, count, median and mean each, in the results (host clocks only: the kernels run "
+                    "as without it)")
     ap.add_argument("--serial", action="store_true", help="one server at a time, restarted every round (default: a "
                     "level's servers side by side, started once)")
     ap.add_argument("--noise", type=floats, help="noise levels to rescale --target to, in turn (synth_gpu --set-noise)")

@@ -693,7 +693,9 @@ ggml_tensor * llama_mk_logits_dev(llama_mk * mk) {
     if (!mk->tried_dev) {
         mk->tried_dev = true;
         ggml_backend_dev_t dev = mk->model->dev_output();
-        ggml_backend_buffer_type_t bt = dev ? ggml_backend_dev_buffer_type(dev) : nullptr;
+        // (rows of the context's logits stride, which the samplers' graph reads)
+        ggml_backend_buffer_type_t bt = dev && mk->plan.n_vocab == (int32_t) mk->model->vocab.n_tokens() ?
+            ggml_backend_dev_buffer_type(dev) : nullptr;
         ggml_init_params ip = { ggml_tensor_overhead(), nullptr, true };
         mk->ctx_dev = bt ? ggml_init(ip) : nullptr;
         if (mk->ctx_dev) {
@@ -702,7 +704,8 @@ ggml_tensor * llama_mk_logits_dev(llama_mk * mk) {
             mk->buf_dev = ggml_backend_alloc_ctx_tensors_from_buft(mk->ctx_dev, bt);
         }
         if (!mk->buf_dev) {
-            LLAMA_LOG_WARN("llama_mk: no buffer on the output device for the backend samplers' logits rows\n");
+            LLAMA_LOG_WARN("llama_mk: no buffer on the output device for the backend samplers' logits rows (LM head rows %d, "
+                           "vocabulary %d)\n", mk->plan.n_vocab, (int) mk->model->vocab.n_tokens());
             mk->t_logits_dev = nullptr;
         }
     }
