@@ -239,7 +239,8 @@ def test_metal_megakernel_server_two_streams_equal_one_slot(metal_emu_build, syn
     sent at once run as megakernel steps over both streams (laid end to end, each token masked to its own stream), and
     each prompt gets the ids and log-probabilities of its one-slot run, across the 16-token window. The prompts are 4
     tokens long, so even two prefills together are one megakernel step (a longer prefill is the graph, whose bits may
-    depend on what else the batch holds)."""
+    depend on what else the batch holds). With --backend-sampling the two slots' rows of a step are sampled on the
+    device, each by its own sequence's chain (the rows stay on the device: llama_mk_logits_dev): the same ids."""
     import time
 
     from harness import spec
@@ -258,6 +259,17 @@ def test_metal_megakernel_server_two_streams_equal_one_slot(metal_emu_build, syn
         assert g.tokens == h.tokens, f"token ids differ from the one-slot run at {spec.first_diff(g.tokens, h.tokens)}"
         assert len(g.tokens) == n and g.logprobs == h.logprobs, \
             f"log-probabilities differ from the one-slot run at {spec.first_diff(g.logprobs, h.logprobs)}"
+
+    t1 = time.time()
+    bs = spec.run(bin_dir, synth_small["F16"], prompts, n, args=[*base, "-np", "2", "--backend-sampling"], env=env,
+                  concurrent=True, label="two slots at once, backend sampling", timeout=600, probs=False)
+    log = "\n".join(_logs_since(t1))
+    assert "llama_mk: a step over 2 KV streams" in log, "the backend-sampling server never ran both streams in one step"
+    assert spec.MK_SAMPLING_LINE in log, "the backend samplers never ran on the megakernel's logits"
+    assert spec.MK_FALLBACK_LINE not in log, "a batch fell back to the graph"
+    for g, h in zip(one.gens, bs.gens):
+        assert len(h.tokens) == n and g.tokens == h.tokens, \
+            f"backend sampling, two slots: token ids differ from the one-slot run at {spec.first_diff(g.tokens, h.tokens)}"
 
 
 
