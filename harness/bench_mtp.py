@@ -44,8 +44,7 @@ from .util import HarnessError, atomic_write_bytes
 # -lv 4: the llama_mk lines (megakernel on, fused drafts, fallbacks) reach the server's log
 SERVER_ARGS = ["-np", "1", "-ngl", "99", "-fa", "off", "--no-warmup", "-lv", "4"]
 MK_LINES = ("llama_mk: megakernel", "llama_mk_draft:", spec.MK_FALLBACK_LINE, spec.MK_SAMPLING_LINE)
-PROF_LINE = "llama_mk profile: host"   # --mk-profile: the host's share of the megakernel's one-token steps
-TL_LINE = "llama_mk timeline:"         # --mk-timeline: the megakernel's calls and the host time between them
+TL_LINE = "llama_mk timeline:"   # --mk-timeline / --mk-profile: the host's timeline of the megakernel's steps
 
 
 @dataclass
@@ -120,7 +119,7 @@ def measure(info: dict, prompts: list[str], n_predict: int) -> dict:
             "fused": spec.MK_FUSED_LINE in log,
             "fallback": sum(1 for x in log.splitlines() if spec.MK_FALLBACK_LINE in x),
             "lines": sorted({x.strip()[:200] for x in log.splitlines() if any(m in x for m in MK_LINES)}),
-            "prof": " | ".join(x for x in (last_line(log, PROF_LINE), last_line(log, TL_LINE)) if x)}
+            "prof": last_line(log, TL_LINE)}
 
 
 def last_line(log: str, marker: str) -> str:
@@ -248,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-graph", action="store_true", help="skip the LLAMA_MEGAKERNEL=0 (upstream) configurations")
     ap.add_argument("-c", "--ctx", type=int, default=4096, help="llama-server context size (default 4096)")
     ap.add_argument("--mk-profile", action="store_true", help="LLAMA_MEGAKERNEL_PROFILE=1 for the megakernel's servers: "
-                    "the host's share of its one-token steps in the results (the kernel's own profile slows it a little)")
+                    "the kernel's per-phase profile in their logs and the host's timeline (as --mk-timeline) in the results "
+                    "(the kernel's own profile slows it a little)")
     ap.add_argument("--mk-timeline", action="store_true", help="LLAMA_MEGAKERNEL_TIMELINE=1 for the megakernel's servers: "
                     "the intervals between its steps' points (decode, launch, sampling graph, draft) and the host's "
                     "time between them, count, median and mean each, in the results (host clocks only: the kernels run "

@@ -30,9 +30,6 @@
 #include <string>
 #include <vector>
 
-// LLAMA_MEGAKERNEL_PROFILE=1: the host profile line is printed every this many one-token steps (and at teardown)
-#define LLAMA_MK_PROF_EVERY 256
-
 // ---- LLAMA_MEGAKERNEL_TIMELINE (llama-mk.h) --------------------------------------------------------
 
 namespace {
@@ -81,9 +78,11 @@ struct llama_mk_timeline {
 llama_mk_timeline & llama_mk_tl() {
     static llama_mk_timeline tl = [] {
         llama_mk_timeline t;
+        // (LLAMA_MEGAKERNEL_PROFILE, the kernel's own per-phase profile, turns the host's timeline on too)
         const char * e = getenv("LLAMA_MEGAKERNEL_TIMELINE");
-        t.on = e && atoi(e) > 0;
-        if (t.on && atoi(e) > 1) {
+        const char * p = getenv("LLAMA_MEGAKERNEL_PROFILE");
+        t.on = (e && atoi(e) > 0) || (p && atoi(p) > 0);
+        if (e && atoi(e) > 1) {
             t.every = atoi(e);
         }
         return t;
@@ -173,24 +172,7 @@ struct llama_mk : llama_mk_staging {
     std::set<std::string>  said;     // reasons already logged
     bool                   said_streams = false;
 
-    // LLAMA_MEGAKERNEL_PROFILE=1: the host's share of one-token steps (us, summed since the start)
-    bool    prof = false;
-    int     prof_steps = 0;
-    int64_t prof_us[4] = {0, 0, 0, 0};   // inputs (cells, masks, views), embedding rows, the backend's step, all
-
-    // the line below, at teardown and every LLAMA_MK_PROF_EVERY one-token steps (a server stopped by a signal never
-    // reaches its teardown)
-    void say_prof() const {
-        if (prof && prof_steps > 0) {
-            const double n = prof_steps;
-            LLAMA_LOG_INFO("llama_mk profile: host, %d one-token steps: llama_mk_decode %.1f us = inputs (cells, masks, cache "
-                           "views) %.1f + embedding rows %.1f + the backend's step %.1f us\n", prof_steps, prof_us[3]/n,
-                           prof_us[0]/n, prof_us[1]/n, prof_us[2]/n);
-        }
-    }
-
     ~llama_mk() {
-        say_prof();
         llama_mk_tl().say();
         if (buf_dev) {
             ggml_backend_buffer_free(buf_dev);
@@ -540,9 +522,6 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
         return off(std::string("backend ") + ggml_backend_reg_name(reg) + " has no megakernel");
     }
     p.device = llama_mk_dev_index(reg, b.dev);
-    if (const char * e = getenv("LLAMA_MEGAKERNEL_PROFILE")) {
-        mk->prof = atoi(e) != 0;
-    }
     p.debug_flags = llama_mk_env_flags(true);
 
     char err[256] = {0};
@@ -717,8 +696,6 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
     const ggml_mk_model & p = mk->plan;
     const llama_model & model = *mk->model;
     const uint32_t n_tokens = ubatch.n_tokens;
-    const bool prof = mk->prof && n_tokens == 1;
-    const int64_t t0 = prof ? ggml_time_us() : 0;
     llama_mk_tl_mark("step>", (int32_t) n_tokens);
 
     if (!mctx->apply()) {
@@ -820,7 +797,7 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         }
     }
 
-    const int64_t t1 = prof ? ggml_time_us() : 0;
+    llama_mk_tl_mark("step.rows>", (int32_t) n_tokens);
 
     // token embeddings (and Gemma 4 per-layer token embeddings) looked up on the host
     const int64_t n_pl = (int64_t) p.n_embd_pl*p.n_layer;
@@ -854,23 +831,11 @@ bool llama_mk_decode(llama_mk * mk, const llama_ubatch & ubatch, llama_memory_co
         st.logits_dev = logits_dev->data;
     }
 
-    const int64_t t2 = prof ? ggml_time_us() : 0;
     llama_mk_tl_mark("step.launch>", (int32_t) n_tokens);
     const int rc = mk->eval(mk->backend_mk, &st, logits_out);
     if (rc != 0) {
         LLAMA_LOG_ERROR("llama_mk: the megakernel failed (code %d)\n", rc);
         return false;
-    }
-    if (prof) {
-        const int64_t t3 = ggml_time_us();
-        mk->prof_us[0] += t1 - t0;
-        mk->prof_us[1] += t2 - t1;
-        mk->prof_us[2] += t3 - t2;
-        mk->prof_us[3] += t3 - t0;
-        mk->prof_steps++;
-        if (mk->prof_steps % LLAMA_MK_PROF_EVERY == 0) {
-            mk->say_prof();
-        }
     }
     llama_mk_tl_mark("step<", (int32_t) n_tokens);
     return true;

@@ -51,12 +51,13 @@ std::unique_ptr<llm_graph_context> llama_mk_sampling_graph(const llama_model & m
 // ---- LLAMA_MEGAKERNEL_TIMELINE=1: where a server's decode time goes around the megakernel ----
 //
 // A process-wide timeline of points one thread marks (llama-server's): llama_context::decode's start and end around a
-// batch the megakernel takes ("decode>", "decode<"), a step's start, its launch and its end ("step>", "step.launch>",
-// "step<": llama_mk_decode), the backend samplers' graph after it ("sampling>", "sampling<"), a fused draft's start,
+// batch the megakernel takes ("decode>", "decode<"), a step's start, its embedding rows, its launch and its end
+// ("step>", "step.rows>", "step.launch>", "step<": llama_mk_decode), the backend samplers' graph after it ("sampling>", "sampling<"), a fused draft's start,
 // launch and end ("draft>", "draft.launch>", "draft<"); each point with the size of its batch or draft. Every
 // interval between two consecutive points is counted under the pair ("draft<3 .. decode>4": the host's work from a
 // draft launch's end to the next decode), with its count, median and mean; intervals from a decode's or a draft's
-// end over 50 ms (idle between requests) are left out. One line, the pairs by their total time, every 256 points (=N > 1: every N) and at teardown.
+// end over 50 ms (idle between requests) are left out. One line, the pairs by their total time, every 256 points
+// (=N > 1: every N) and at teardown. LLAMA_MEGAKERNEL_PROFILE (the kernel's per-phase profile) turns it on too.
 
 // the clock (ggml_time_us) when the timeline is on, else 0
 int64_t llama_mk_tl_now();

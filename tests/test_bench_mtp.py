@@ -207,4 +207,4 @@ def test_last_line_takes_the_last_marked_line_from_its_marker():
            "other line\n"
            "0.12.003 I llama_mk timeline: 512 calls; step 1: 256 x 4310.5 us\n")
     assert bench_mtp.last_line(log, bench_mtp.TL_LINE) == "llama_mk timeline: 512 calls; step 1: 256 x 4310.5 us"
-    assert bench_mtp.last_line(log, bench_mtp.PROF_LINE) == ""
+    assert bench_mtp.last_line(log, "llama_mk profile:") == ""

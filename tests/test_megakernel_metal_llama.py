@@ -374,12 +374,14 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
             assert len(h.tokens) == n and g.tokens == h.tokens, \
                 f"{label}, prompt {i}: token ids differ from host sampling at {spec.first_diff(g.tokens, h.tokens)}"
         # the timeline's intervals say what the server's steps were: one-token steps (greedy) or verify steps of 3
-        # tokens after draft launches of 2, each step inside a decode call and followed by its sampling graph
+        # tokens after draft launches of 2, each step (inputs, embedding rows, launch) inside a decode call and
+        # followed by its sampling graph
         tl = [x for x in log.splitlines() if "llama_mk timeline:" in x]
         assert tl, f"{label}: no timeline line (LLAMA_MEGAKERNEL_TIMELINE)"
         seen = {a: int(c) for a, c in re.findall(r"; ([a-z.<>0-9]+ \.\. [a-z.<>0-9]+): (\d+) x \d+ us median", tl[-1])}
         m = 3 if extra else 1
-        want = [f"decode>{m} .. step>{m}", f"step>{m} .. step.launch>{m}", f"step.launch>{m} .. step<{m}",
+        want = [f"decode>{m} .. step>{m}", f"step>{m} .. step.rows>{m}", f"step.rows>{m} .. step.launch>{m}",
+                f"step.launch>{m} .. step<{m}",
                 f"step<{m} .. sampling>{m}", f"sampling>{m} .. sampling<{m}", f"sampling<{m} .. decode<{m}"]
         want += [f"decode<{m} .. draft>2", "draft>2 .. draft.launch>2", "draft.launch>2 .. draft<2",
                  f"draft<2 .. decode>{m}"] if extra else [f"decode<{m} .. decode>{m}"]
