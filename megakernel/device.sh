@@ -316,13 +316,15 @@ stage_server() {
     return "${PIPESTATUS[0]}"
 }
 
-# compute-sanitizer over test-mk on the small F16 pair (-n 2: teacher-forced and greedy steps, verify M = 2..8).
+# compute-sanitizer over test-mk on the small F16 pair (-n 2: teacher-forced and greedy steps, verify M = 2..8; racecheck: below).
 # racecheck tracks every shared-memory access of a block: on the whole grid it never finished (sessions 8-19), nor on
 # one block of the small F16 pair with only the megakernel instrumented (session 20: > 95 s before the first step's
 # result: its LM head has 262144 rows). So by default it runs on ONE block (LLAMA_MEGAKERNEL_GRID=${MK_SAN_RACE_GRID:-1}),
 # on the same pair with the tokenizer's first 4096 tokens (model tiny-f16, made here if missing; MK_SAN_RACE_MODEL),
 # with only the megakernel's kernels instrumented (--kernel-name kns=mk_, where the tool has the option; the graph's
-# kernels of the reference context then run uninstrumented). Each tool runs under a cap (MK_SAN_CAP seconds, default
+# kernels of the reference context then run uninstrumented), and with test-mk's short checks (MK_SAN_RACE_ARGS, default
+# "-n 1 --verify-max 3 --hidden-batches 1": 22 megakernel launches instead of -n 2's 54; verify M = 2, 3 still spans
+# the one-token, small-batch and staging code). Each tool runs under a cap (MK_SAN_CAP seconds, default
 # 400); a tool that reaches it is reported as "TIMED OUT (not finished)" and fails the stage, as do reported errors
 stage_sanitize() {
     local tool nb grid filt rc bad=0 t0
@@ -337,18 +339,19 @@ stage_sanitize() {
         # (racecheck and synccheck track every mbarrier of the grid: 16 warps x the weight stages per block)
         nb=""; grid="${MK_SAN_GRID:-}"
         [ "$tool" = memcheck ] || nb="--num-cuda-barriers ${MK_SAN_BARRIERS:-8192}"
-        local f="" m=small-f16
+        local f="" m=small-f16 args="-n 2"
         if [ "$tool" = racecheck ]; then
             grid="${MK_SAN_GRID:-${MK_SAN_RACE_GRID:-1}}"
             f="$filt"
             m="${MK_SAN_RACE_MODEL:-tiny-f16}"
+            args="${MK_SAN_RACE_ARGS:--n 1 --verify-max 3 --hidden-batches 1}"
         fi
         MK_MODELS=$m stage_models || return 1
-        log "compute-sanitizer $tool on $m (grid: ${grid:-whole}; kernels: ${f:-all}; cap ${MK_SAN_CAP:-400} s)"
+        log "compute-sanitizer $tool on $m (grid: ${grid:-whole}; kernels: ${f:-all}; test-mk $args; cap ${MK_SAN_CAP:-400} s)"
         t0=$SECONDS
         # shellcheck disable=SC2086
         LLAMA_MEGAKERNEL_GRID=$grid timeout -k 5 "${MK_SAN_CAP:-400}" compute-sanitizer --tool $tool $nb $f --error-exitcode 3 \
-            "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 2 --rounds 0 --max-nmse 10 --max-disagree 100 > "$OUT/sanitize-$tool.log" 2>&1
+            "$BLD/bin/test-mk" -m "$(model_path "$m")" $args --rounds 0 --max-nmse 10 --max-disagree 100 > "$OUT/sanitize-$tool.log" 2>&1
         rc=$?
         cat "$OUT/sanitize-$tool.log" >> "$OUT/sanitize.log"
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Hazard|test-mk:|^verify ==|^teacher" "$OUT/sanitize-$tool.log" | head -8

@@ -301,6 +301,22 @@ def test_cpu_build_keeps_the_graph_and_verify_equals_decode(tmp_path, cpu_build,
     assert r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
 
 
+def test_test_mk_short_checks_for_the_sanitizer(tmp_path, cpu_build, gemma_model):
+    """--verify-max V and --hidden-batches N (device.sh's racecheck: every launch under the tool takes seconds): the
+    verify check runs M = 2..V only, the hidden-state check not at all; a V outside 2..8 is refused by name."""
+    exe = _build_test_mk(tmp_path, cpu_build)
+    env = dict(os.environ, GGML_CPU_BATCH_INVARIANT="32")
+    r = subprocess.run([str(exe), "-m", str(gemma_model), "-n", "1", "--rounds", "0", "-c", "256", "--verify-max", "3",
+                        "--hidden-batches", "0"], capture_output=True, text=True, timeout=600, env=env)
+    out = r.stdout + r.stderr
+    assert "verify == decode (bitwise), M = 2..3: ok" in out, out[-3000:]
+    assert re.findall(r"^verify M=(\d+):", out, re.M) == ["2", "3"], out[-3000:]
+    assert "free-running greedy 6 tokens" in out, out[-3000:]
+    assert r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
+    bad = subprocess.run([str(exe), "-m", str(gemma_model), "--verify-max", "9"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--verify-max 9" in bad.stderr, bad.stderr
+
+
 # --- on a GPU ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

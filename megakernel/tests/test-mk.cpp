@@ -6,7 +6,8 @@
 // graph (LLAMA_MEGAKERNEL=0). Prints, and exits non-zero when a check fails:
 //  1. teacher-forced logits A vs B over N steps (NMSE per step, argmax agreement, margins);
 //  2. free-running greedy A vs B (first divergence and its logit margin in B);
-//  3. verify == decode: on A, a batch of M = 2..8 tokens gives each row the bits of M one-token steps;
+//  3. verify == decode: on A, a batch of M = 2..V tokens gives each row the bits of M one-token steps (V: --verify-max,
+//     default 8; compute-sanitizer's racecheck runs a small V: every launch under it takes seconds);
 //  4. speed: greedy tok/s A vs B, rounds in AB/BA order, medians and the median of paired ratios;
 //  5. with --verify-cost: the time of one M-token verify batch over one-token steps, M = 1..5, on A
 //     and on B (rounds alternate the order of M);
@@ -19,7 +20,7 @@
 //  7. gemma4 models: the hidden states an MTP draft reads (llama_set_embeddings_nextn: rmsnorm(x)*output_norm, the
 //     LM head's input) over teacher-forced batches of M = 1..4 tokens, every token's row (unmasked) and the output
 //     rows only (masked): megakernel vs graph, NMSE per row <= --max-nmse; on A, a batch's rows equal those of its
-//     one-token steps bit for bit.
+//     one-token steps bit for bit (--hidden-batches N: N batches each way, default min(24, max(4, -n)); 0 skips it).
 #include "llama.h"
 #include "llama-ext.h"   // llama_set_embeddings_nextn, llama_get_embeddings_nextn_ith (the MTP staging API)
 
@@ -200,6 +201,7 @@ int main(int argc, char ** argv) {
     std::string prompt_text = "The history of the printing press begins in";
     int n_steps = 128, fa = 0, rounds = 6, bench_n = 64, n_ctx = 2048, max_disagree = -1;
     double max_nmse = 1e-4;
+    int verify_max = 8, hidden_batches = -1;
     bool verify_cost = false, cpu_ref = false;
     std::string variant;
     for (int i = 1; i < argc; ++i) {
@@ -217,7 +219,13 @@ int main(int argc, char ** argv) {
         else if (a == "--verify-cost") verify_cost = true;
         else if (a == "--cpu-ref") cpu_ref = true;
         else if (a == "--variant") variant = next();
-        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost] [--cpu-ref] [--variant BITS]\n", argv[0]); return 2; }
+        else if (a == "--verify-max") verify_max = std::stoi(next());
+        else if (a == "--hidden-batches") hidden_batches = std::stoi(next());
+        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost] [--cpu-ref] [--variant BITS] [--verify-max V (2..8)] [--hidden-batches N]\n", argv[0]); return 2; }
+    }
+    if (verify_max < 2 || verify_max > 8) {
+        fprintf(stderr, "test-mk: --verify-max %d: the verify check takes batches of 2..8 tokens\n", verify_max);
+        return 2;
     }
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
@@ -310,7 +318,7 @@ int main(int argc, char ** argv) {
         prefill(B, prompt);
         int first_div = -1;
         float div_margin = 0;
-        const int n_free = std::max(n_steps, 16); // the verify check below uses 16 of these tokens
+        const int n_free = std::max(n_steps, 2*verify_max); // the verify check below uses 2*verify_max of these tokens
         for (int s = 0; s < n_free; ++s) {
             const float * la = llama_get_logits_ith(A.ctx, -1);
             const float * lb = llama_get_logits_ith(B.ctx, -1);
@@ -331,23 +339,24 @@ int main(int argc, char ** argv) {
         }
     }
 
-    // 3. verify == decode, bitwise, on the megakernel context: 8 one-token steps from p0 give the reference rows of
+    // 3. verify == decode, bitwise, on the megakernel context: V = verify_max one-token steps from p0 give the reference rows of
     // every M (a row depends only on the cells before it and its token); then, for each M, the cells from p0 on are
     // dropped and the M tokens come again as one batch
     {
         int bad = 0;
-        const int p0 = np + 8;
+        const int V  = verify_max;
+        const int p0 = np + V;
         prefill(A, prompt);
-        for (int s = 0; s < 8; ++s) {
+        for (int s = 0; s < V; ++s) {
             step(A, gen_a[s], np + s);
         }
-        std::vector<float> seq((size_t) 8*nv), bat((size_t) 8*nv);
-        for (int j = 0; j < 8; ++j) {
-            step(A, gen_a[8 + j], p0 + j);
+        std::vector<float> seq((size_t) V*nv), bat((size_t) V*nv);
+        for (int j = 0; j < V; ++j) {
+            step(A, gen_a[V + j], p0 + j);
             memcpy(seq.data() + (size_t) j*nv, llama_get_logits_ith(A.ctx, -1), nv*sizeof(float));
         }
-        for (int M = 2; M <= 8; ++M) {
-            verify_batch(A.ctx, gen_a, 8, M, p0, "verify");
+        for (int M = 2; M <= V; ++M) {
+            verify_batch(A.ctx, gen_a, V, M, p0, "verify");
             int rows_diff = 0;
             for (int j = 0; j < M; ++j) {
                 memcpy(bat.data() + (size_t) j*nv, llama_get_logits_ith(A.ctx, j), nv*sizeof(float));
@@ -356,7 +365,7 @@ int main(int argc, char ** argv) {
             printf("verify M=%d: %d of %d rows differ from one-token decode\n", M, rows_diff, M);
             bad += rows_diff;
         }
-        printf("verify == decode (bitwise), M = 2..8: %s\n", bad == 0 ? "ok" : "FAIL");
+        printf("verify == decode (bitwise), M = 2..%d: %s\n", V, bad == 0 ? "ok" : "FAIL");
         fails += bad != 0;
     }
 
@@ -427,9 +436,9 @@ int main(int argc, char ** argv) {
     // 7. hidden states for an MTP draft (gemma4: the graph exposes them as t_h_nextn)
     char arch[64] = "";
     llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch));
-    if (strcmp(arch, "gemma4") == 0) {
+    const int n_batches = hidden_batches >= 0 ? hidden_batches : std::max(4, std::min(n_steps, 24));
+    if (strcmp(arch, "gemma4") == 0 && n_batches > 0) {
         const int n_embd = llama_model_n_embd(model);
-        const int n_batches = std::max(4, std::min(n_steps, 24));
         int bad = 0;
         for (int masked = 0; masked <= 1; ++masked) {
             llama_set_embeddings_nextn(A.ctx, true, masked);
