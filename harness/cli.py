@@ -21,7 +21,11 @@ def _server_binary(backend: str) -> Path:
 
 
 def cmd_model(args) -> int:
-    print(models.ensure_gemma())
+    # stdout is the path alone, so that "$(stq-metal model)" works on a first run too: the download's progress
+    # lines go to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        path = models.ensure_gemma()
+    print(path)
     return 0
 
 

