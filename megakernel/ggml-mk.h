@@ -160,6 +160,12 @@ struct ggml_mk_model {
                                               // every column's slots at once (MK_SB_DEEP_R = MK_SB*4; a verify batch of 4 on
                                               // E4B's hidden size: 5 dependent L2 round trips in such a staging instead of 8);
                                               // the same items, order and sums: the same bits (no effect with 0x400000)
+#define GGML_MK_VAR_L2_PREFETCH       0x3000000 // (candidate, not yet measured on a GPU) a 2-bit field w (bits 24-25): before each
+                                              // mat-vec's grid barrier, the weights of the mat-vecs after it, up to w*16 MB,
+                                              // are prefetched from memory into L2 (sm_90 bulk prefetch, a piece per thread,
+                                              // nothing waits for it), so that memory keeps streaming through the barriers,
+                                              // stagings and attention phases; loads only: the same bits
+#define GGML_MK_VAR_L2_PREFETCH_SHIFT 24
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

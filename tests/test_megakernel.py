@@ -148,6 +148,9 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # made for at most MK_MC_SMALL = 4): bitwise the default's; the emulation's verify M=4 takes the small code by default
 # 0x800000: GGML_MK_VAR_DEEP_STAGE (the small code's staging with every column's rms loads in flight at once; the
 # emulation's value batches 2 slots, MK_SB_DEEP_V, against the default's 3): bitwise the default's
+# 0x1000000 / 0x3000000: GGML_MK_VAR_L2_PREFETCH with a window of 1 / 3 units (the emulation's unit 3 KB, pieces of 208
+# bytes: windows end inside jobs): loads only, so bitwise the default's; the emulation also checks that a step's
+# prefetches cover each byte of the windows once and nothing else ("OK L2 prefetch")
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
@@ -155,7 +158,9 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"],
             "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"],
             "0x200000": ["--variant", "0x200000", "--vs-default"],
-            "0x400000": ["--variant", "0x400000", "--vs-default"], "0x800000": ["--variant", "0x800000", "--vs-default"]}
+            "0x400000": ["--variant", "0x400000", "--vs-default"], "0x800000": ["--variant", "0x800000", "--vs-default"],
+            "0x1000000": ["--variant", "0x1000000", "--vs-default"],
+            "0x3000000-gemma3": ["--gemma3", "--variant", "0x3000000", "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -171,6 +176,9 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     assert "OK verify M=4: 0 of 4 hidden rows differ" in r.stdout, r.stdout
     if "--vs-default" in args:
         assert re.search(r"^OK variant 0x\w+ == default kernel bitwise .*: 0 of 19 steps differ", r.stdout, re.M), r.stdout
+    if variant.startswith(("0x1000000", "0x3000000")):
+        pf = re.search(r"^OK L2 prefetch: (\d+) ranges, (\d+) bytes in (\d+) steps", r.stdout, re.M)
+        assert pf and int(pf.group(1)) > 0 and int(pf.group(3)) == 19, r.stdout
     packed = re.search(r"^kernel: (\d+) of (\d+) mat-vec jobs in tiles of several rows \(up to (\d+)\)", r.stdout, re.M)
     assert packed, r.stdout
     if variant == "0x10000":
@@ -235,6 +243,25 @@ def test_cuda_kernel_on_host_deep_staging_planted_bug_fails(tmp_path, cpu_build)
     r = subprocess.run([str(exe), "--variant", "0x800000", "--vs-default"], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and re.search(r"^FAIL (verify M=4|variant 0x800000)", r.stdout, re.M), \
         f"a bug in the deep staging went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
+
+
+# planted bugs in the L2 prefetch window (GGML_MK_VAR_L2_PREFETCH): a piece running to its job's end past the window's;
+# the cursor never moved (every window sent again from its start); every block starting at the window's first piece
+PF_PLANTED = {
+    "past_window": ("const unsigned long long b1 = min(e, (k + 1)*MK_PF_PIECE);",
+                    "const unsigned long long b1 = min(n, (k + 1)*MK_PF_PIECE);"),
+    "cursor_stuck": ("        cur[1] = noff;\n", "        cur[1] = 0*noff;\n        cur[0] = 0;\n"),
+    "every_block": ("for (unsigned long long k = k0 + (blockIdx.x + grid - k0 % grid) % grid +",
+                    "for (unsigned long long k = k0 +"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PF_PLANTED))
+def test_cuda_kernel_on_host_l2_prefetch_planted_bug_fails(tmp_path, cpu_build, bug):
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, *PF_PLANTED[bug])
+    r = subprocess.run([str(exe), "--variant", "0x1000000"], capture_output=True, text=True, timeout=900)
+    print(r.stdout[-2000:])
+    assert r.returncode != 0 and re.search(r"^FAIL L2 prefetch", r.stdout, re.M), f"planted bug {bug} went unnoticed:\n{r.stdout[-3000:]}"
 
 
 # planted bugs in the heads fold (GGML_MK_VAR_FOLD_HEADS), run where every layer step folds: the step's new K/V rows not

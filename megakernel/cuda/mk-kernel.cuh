@@ -2304,6 +2304,68 @@ MK_DEVICE_FN void mk_draft_pick(const mk_args & a, const mk_draft_args & da, int
     }
 }
 
+// GGML_MK_VAR_L2_PREFETCH: at the begin of mat-vec idx (before the grid barrier that precedes it), the weights of the
+// mat-vecs after it, up to a window of w*MK_PF_UNIT bytes from their start (w: the variant's 2-bit field), are sent from memory
+// into L2 by bulk prefetches (pieces of MK_PF_PIECE bytes, counted from each job's start; piece k is block k % grid's,
+// the block's pieces go to its threads in turn). Nothing waits for them: memory keeps streaming while the grid passes
+// barriers, stagings and attention phases, and the mat-vec's own tiles then come from L2. cur: the block's cursor in
+// shared memory, {mat-vec, byte offset in its jobs' bytes} up to which the window was issued before (every block
+// computes the same); the window only moves forward, so no byte is sent twice. Loads only: the bits do not change
+#ifndef MK_PF_PIECE
+#define MK_PF_PIECE 8192
+#endif
+#ifndef MK_PF_UNIT
+#define MK_PF_UNIT  (1ull << 24)   // the window's unit (16 MB; the host emulation's model is a few KB: smaller there)
+#endif
+
+MK_DEVICE_FN void mk_l2_window(const mk_args & a, int idx, unsigned long long * cur) {
+    const unsigned long long win = (unsigned long long) ((a.m->debug_flags >> GGML_MK_VAR_L2_PREFETCH_SHIFT) & 3)*MK_PF_UNIT;
+    const int n_mv = mk_mv_count(a.m->n_layer);
+    const int cmv = (int) cur[0];
+    const unsigned long long coff = cur[1];
+    const unsigned grid = gridDim.x;
+    int nmv = n_mv;                 // the new cursor: where the window ends
+    unsigned long long noff = 0;
+    unsigned long long pos = 0;     // the window's bytes before the job
+    for (int i = idx + 1; i < n_mv && pos < win; ++i) {
+        const mk_mvr & R = a.mvt[i];
+        if (R.units == 0) {
+            continue;
+        }
+        unsigned long long jpos = 0;   // the mat-vec's bytes before the job
+        for (int jb = 0; jb < 3 && pos < win; ++jb) {
+            const mk_jr & J = R.j[jb];
+            if (jb > 0 && (J.data == R.j[0].data || (jb == 2 && J.data == R.j[1].data))) {
+                continue;   // (a mat-vec of fewer jobs repeats job 0)
+            }
+            const unsigned long long n = ((unsigned long long) J.ne1*J.nb1) & ~15ull;
+            const unsigned long long s = i < cmv ? n : i > cmv ? 0 : (coff > jpos ? min(n, coff - jpos) : 0);
+            const unsigned long long e = min(n, win - pos);
+            if (e > s) {
+                const unsigned long long k0 = s/MK_PF_PIECE;
+                const unsigned long long k1 = (e + MK_PF_PIECE - 1)/MK_PF_PIECE;
+                for (unsigned long long k = k0 + (blockIdx.x + grid - k0 % grid) % grid + (unsigned long long) threadIdx.x*grid;
+                     k < k1; k += (unsigned long long) grid*MK_THREADS) {
+                    const unsigned long long b0 = max(s, k*MK_PF_PIECE);
+                    const unsigned long long b1 = min(e, (k + 1)*MK_PF_PIECE);
+                    mk_prefetch_l2(J.data + b0, (unsigned) (b1 - b0));
+                }
+            }
+            if (pos + n >= win) {   // the window ends in (or at the end of) this job
+                nmv  = i;
+                noff = jpos + e;
+            }
+            pos  += n;
+            jpos += n;
+        }
+    }
+    __syncthreads();   // (every thread has read the cursor)
+    if (threadIdx.x == 0 && (nmv > cmv || (nmv == cmv && noff > coff))) {
+        cur[0] = (unsigned long long) nmv;
+        cur[1] = noff;
+    }
+}
+
 // one step of a launch, the whole grid: a decode/verify step (DRAFT = false: mk_decode_kernel), or step j of a fused MTP
 // draft (mk_draft_kernel; da: a device copy of its mk_draft_args), which adds its inputs and its pick around the step.
 // A decode step's code does not see the draft's: it compiles to the kernel it was before the draft (SASS compared)
@@ -2318,8 +2380,11 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     MK_SHARED(mk_mvr,  s_mv, 1);   // its descriptor (from the table)
     MK_SHARED(mk_bulk, s_bulk, MK_WARPS);   // per warp: the mbarriers of its bulk copies (mk_args.bulk)
     MK_SHARED(mk_it,   s_fe, MK_WARPS);     // per warp: where its fetches of the mat-vec begun last go on (mk_mv_begin)
+    MK_SHARED(unsigned long long, s_pf, 2); // GGML_MK_VAR_L2_PREFETCH: the block's cursor (mk_l2_window)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
+        s_pf[0] = 0;
+        s_pf[1] = 0;
     }
     if (j == 0 && ka.bulk && threadIdx.x < MK_WARPS*ka.ns) {
         mk_mbar_init(&s_bulk[threadIdx.x / ka.ns].bar[threadIdx.x % ka.ns]);   // (the stages in use)
@@ -2369,6 +2434,9 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
             ((unsigned *) s_mv)[i] = src[i];
         }
         __syncthreads();
+        if (!DRAFT && (md.debug_flags & GGML_MK_VAR_L2_PREFETCH) && a.bulk) {
+            mk_l2_window(a, idx, s_pf);
+        }
         if (!late) {
             const mk_it fe = mk_mv_begin(s_mv[0], ws, a.ns, bk);
             if (threadIdx.x % WARP_SIZE == 0) {
