@@ -2305,21 +2305,25 @@ MK_DEVICE_FN void mk_draft_pick(const mk_args & a, const mk_draft_args & da, int
 }
 
 // GGML_MK_VAR_L2_PREFETCH: at the begin of mat-vec idx (before the grid barrier that precedes it), the weights of the
-// mat-vecs after it, up to a window of w*MK_PF_UNIT bytes from their start (w: the variant's 2-bit field), are sent from memory
-// into L2 by bulk prefetches (pieces of MK_PF_PIECE bytes, counted from each job's start; piece k is block k % grid's,
-// the block's pieces go to its threads in turn). Nothing waits for them: memory keeps streaming while the grid passes
-// barriers, stagings and attention phases, and the mat-vec's own tiles then come from L2. cur: the block's cursor in
-// shared memory, {mat-vec, byte offset in its jobs' bytes} up to which the window was issued before (every block
-// computes the same); the window only moves forward, so no byte is sent twice. Loads only: the bits do not change
+// mat-vecs after it, up to a window of MK_PF_UNIT << (w - 1) bytes from their start (w: the variant's 3-bit field), are
+// sent from memory into L2 by prefetches: pieces of MK_PF_PIECE bytes (bulk prefetches, sm_90) or of 128 (one line each,
+// GGML_MK_VAR_L2_PREFETCH_LINES), counted from each job's start; piece k is block k % grid's, the block's pieces go to
+// its threads in turn. Nothing waits for them: memory keeps streaming while the grid passes barriers, stagings and
+// attention phases, and the mat-vec's own tiles then come from L2. cur: the block's cursor in shared memory, {mat-vec,
+// byte offset in its jobs' bytes} up to which the window was issued before (every block computes the same); the window
+// only moves forward, so no byte is sent twice. Loads only: the bits do not change
 #ifndef MK_PF_PIECE
 #define MK_PF_PIECE 8192
 #endif
 #ifndef MK_PF_UNIT
-#define MK_PF_UNIT  (1ull << 24)   // the window's unit (16 MB; the host emulation's model is a few KB: smaller there)
+#define MK_PF_UNIT  (1ull << 20)   // the window's unit (1 MB; the host emulation's model is a few KB: smaller there)
 #endif
 
 MK_DEVICE_FN void mk_l2_window(const mk_args & a, int idx, unsigned long long * cur) {
-    const unsigned long long win = (unsigned long long) ((a.m->debug_flags >> GGML_MK_VAR_L2_PREFETCH_SHIFT) & 3)*MK_PF_UNIT;
+    const int w = (a.m->debug_flags & GGML_MK_VAR_L2_PREFETCH) >> GGML_MK_VAR_L2_PREFETCH_SHIFT;
+    const unsigned long long win = (unsigned long long) MK_PF_UNIT << (w - 1);
+    const bool lines = (a.m->debug_flags & GGML_MK_VAR_L2_PREFETCH_LINES) != 0;
+    const unsigned long long P = lines ? 128 : MK_PF_PIECE;
     const int n_mv = mk_mv_count(a.m->n_layer);
     const int cmv = (int) cur[0];
     const unsigned long long coff = cur[1];
@@ -2342,13 +2346,17 @@ MK_DEVICE_FN void mk_l2_window(const mk_args & a, int idx, unsigned long long * 
             const unsigned long long s = i < cmv ? n : i > cmv ? 0 : (coff > jpos ? min(n, coff - jpos) : 0);
             const unsigned long long e = min(n, win - pos);
             if (e > s) {
-                const unsigned long long k0 = s/MK_PF_PIECE;
-                const unsigned long long k1 = (e + MK_PF_PIECE - 1)/MK_PF_PIECE;
+                const unsigned long long k0 = s/P;
+                const unsigned long long k1 = (e + P - 1)/P;
                 for (unsigned long long k = k0 + (blockIdx.x + grid - k0 % grid) % grid + (unsigned long long) threadIdx.x*grid;
                      k < k1; k += (unsigned long long) grid*MK_THREADS) {
-                    const unsigned long long b0 = max(s, k*MK_PF_PIECE);
-                    const unsigned long long b1 = min(e, (k + 1)*MK_PF_PIECE);
-                    mk_prefetch_l2(J.data + b0, (unsigned) (b1 - b0));
+                    const unsigned long long b0 = max(s, k*P);
+                    const unsigned long long b1 = min(e, (k + 1)*P);
+                    if (lines) {
+                        mk_prefetch_l2_lines(J.data + b0, (unsigned) (b1 - b0));
+                    } else {
+                        mk_prefetch_l2(J.data + b0, (unsigned) (b1 - b0));
+                    }
                 }
             }
             if (pos + n >= win) {   // the window ends in (or at the end of) this job
@@ -2434,7 +2442,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
             ((unsigned *) s_mv)[i] = src[i];
         }
         __syncthreads();
-        if (!DRAFT && (md.debug_flags & GGML_MK_VAR_L2_PREFETCH) && a.bulk) {
+        if (!DRAFT && (md.debug_flags & GGML_MK_VAR_L2_PREFETCH) && (a.bulk || (md.debug_flags & GGML_MK_VAR_L2_PREFETCH_LINES))) {
             mk_l2_window(a, idx, s_pf);
         }
         if (!late) {

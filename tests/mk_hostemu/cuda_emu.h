@@ -199,6 +199,13 @@ static inline void mk_prefetch_l2(const void * src, unsigned bytes) {
     }
     emu_prefetched.push_back({ src, bytes });
 }
+static inline void mk_prefetch_l2_lines(const void * src, unsigned bytes) {   // (any device)
+    if (bytes == 0 || bytes > 128 || bytes % 16 != 0 || (uintptr_t) src % 16 != 0) {
+        fprintf(stderr, "cuda_emu: per-line L2 prefetch of %u bytes at %p: not a 16-byte aligned piece of at most 128\n", bytes, src);
+        abort();
+    }
+    emu_prefetched.push_back({ src, bytes });
+}
 static inline void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
     emu_need_bulk("mbarrier.try_wait");
     emu_mbar & b = emu_mbars.at(bar);

@@ -22,7 +22,7 @@
 // attention groups of 3 chunks (the GPU's: 16): the steps' cells (positions 0..17, chunks of 4: mk_ref.h) span 2 groups, so a step's
 // attention combines several groups' results, some of them empty for some tokens (the sliding window)
 #define MK_ATT_GROUP 3
-// GGML_MK_VAR_L2_PREFETCH's window in units of 3 KB (the GPU's: 16 MB) and pieces of 208 bytes (the GPU's: 8 KB; no
+// GGML_MK_VAR_L2_PREFETCH's window in units of 3 KB (the GPU's: 1 MB) and pieces of 208 bytes (the GPU's: 8 KB; no
 // divisor of the jobs' sizes): the windows end inside jobs and pieces, and a job's pieces spread over both blocks
 #define MK_PF_UNIT  3072ull
 #define MK_PF_PIECE 208
@@ -91,7 +91,7 @@ int main(int argc, char ** argv) {
     int n_pf_fail = 0, n_pf_steps = 0;
     size_t pf_ranges = 0, pf_bytes = 0;
     auto check_prefetch = [&](const std::vector<mk_mvr> & mvt, int M) {
-        const size_t W = (size_t) ((M_.debug_flags >> GGML_MK_VAR_L2_PREFETCH_SHIFT) & 3)*MK_PF_UNIT;
+        const size_t W = (size_t) MK_PF_UNIT << (((M_.debug_flags & GGML_MK_VAR_L2_PREFETCH) >> GGML_MK_VAR_L2_PREFETCH_SHIFT) - 1);
         struct job { uintptr_t data; size_t g0, n; };   // g0: its place in the jobs laid end to end
         std::vector<job> jobs;
         std::vector<size_t> start(mvt.size() + 1);     // mat-vec i's place
@@ -241,7 +241,7 @@ int main(int argc, char ** argv) {
             printf("FAIL deadlock in mk_decode_kernel\n");
             exit(1);
         }
-        if (set == 0 && (M_.debug_flags & GGML_MK_VAR_L2_PREFETCH) && a.bulk) {
+        if (set == 0 && (M_.debug_flags & GGML_MK_VAR_L2_PREFETCH) && (a.bulk || (M_.debug_flags & GGML_MK_VAR_L2_PREFETCH_LINES))) {
             n_pf_fail += !check_prefetch(mvt, M);
         }
         std::vector<float> out(s_lo.begin(), s_lo.begin() + (size_t) M*n_vocab);   // logits, then the hidden rows
