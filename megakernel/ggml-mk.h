@@ -165,8 +165,8 @@ struct ggml_mk_model {
                                               // from memory into L2 (nothing waits for them), so that memory keeps streaming
                                               // through the barriers, stagings and attention phases; loads only: the same bits.
                                               // By sm_90 bulk prefetches of 8 KB pieces, or with GGML_MK_VAR_L2_PREFETCH_LINES by
-                                              // one prefetch.global.L2 per 128-byte line. H200, E4B (session 25): bulk windows of
-                                              // 16 / 32 / 48 MB made greedy steps 0.780 / 0.708 / 0.656x as fast
+                                              // one prefetch.global.L2 per 128-byte line; the ranges planned by the host
+                                              // (mk_pf_plan: in the mat-vec table)
 #define GGML_MK_VAR_L2_PREFETCH_SHIFT 24
 #define GGML_MK_VAR_L2_PREFETCH_LINES 0x8000000 // (with a window above) per-line prefetches, not bulk ones
 

@@ -248,14 +248,15 @@ def test_cuda_kernel_on_host_deep_staging_planted_bug_fails(tmp_path, cpu_build)
         f"a bug in the deep staging went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
 
 
-# planted bugs in the L2 prefetch window (GGML_MK_VAR_L2_PREFETCH): a piece running to its job's end past the window's;
-# the cursor never moved (every window sent again from its start); every block starting at the window's first piece
+# planted bugs in the L2 prefetch window (GGML_MK_VAR_L2_PREFETCH; the host's plan mk_pf_plan, the kernel's
+# mk_l2_prefetch): a window running to the model's end; the plan's cursor never moving (every window sent again from
+# its start); every block starting at the range's first piece
 PF_PLANTED = {
-    "past_window": ("const unsigned long long b1 = min(e, (k + 1)*MK_PF_PIECE);",
-                    "const unsigned long long b1 = min(n, (k + 1)*MK_PF_PIECE);"),
-    "cursor_stuck": ("        cur[1] = noff;\n", "        cur[1] = 0*noff;\n        cur[0] = 0;\n"),
-    "every_block": ("for (unsigned long long k = k0 + (blockIdx.x + grid - k0 % grid) % grid +",
-                    "for (unsigned long long k = k0 +"),
+    "past_window": ("const unsigned long long w1 = start[i + 1] + win < g ? start[i + 1] + win : g;",
+                    "const unsigned long long w1 = g;"),
+    "cursor_stuck": ("                cur = e;\n", "                (void) cur;\n"),
+    "every_block": ("for (unsigned k = blockIdx.x + threadIdx.x*grid; k < np; k += grid*MK_THREADS) {",
+                    "for (unsigned k = threadIdx.x*grid; k < np; k += grid*MK_THREADS) {"),
 }
 
 
