@@ -160,15 +160,6 @@ struct ggml_mk_model {
                                               // every column's slots at once (MK_SB_DEEP_R = MK_SB*4; a verify batch of 4 on
                                               // E4B's hidden size: 5 dependent L2 round trips in such a staging instead of 8);
                                               // the same items, order and sums: the same bits (no effect with 0x400000)
-#define GGML_MK_VAR_L2_PREFETCH       0x7000000 // (candidate) a 3-bit field w (bits 24-26): before each mat-vec's grid barrier, the
-                                              // weights of the mat-vecs after it, up to a window of 2^(w-1) MB, are prefetched
-                                              // from memory into L2 (nothing waits for them), so that memory keeps streaming
-                                              // through the barriers, stagings and attention phases; loads only: the same bits.
-                                              // By sm_90 bulk prefetches of 8 KB pieces, or with GGML_MK_VAR_L2_PREFETCH_LINES by
-                                              // one prefetch.global.L2 per 128-byte line; the ranges planned by the host
-                                              // (mk_pf_plan: in the mat-vec table)
-#define GGML_MK_VAR_L2_PREFETCH_SHIFT 24
-#define GGML_MK_VAR_L2_PREFETCH_LINES 0x8000000 // (with a window above) per-line prefetches, not bulk ones
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -98,18 +98,6 @@ static __device__ __forceinline__ void mk_bulk_copy(void * dst, const void * src
     MK_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                 :: "r"(d), "l"(src), "r"(bytes), "r"(b), "l"(pol) : "memory");
 }
-// bytes (a multiple of 16, src 16-byte aligned) from memory into L2, nothing waited for (GGML_MK_VAR_L2_PREFETCH): one
-// bulk prefetch (sm_90), or (lines) one prefetch.global.L2 per 128-byte line the bytes touch (at most two: bytes <= 128)
-static __device__ __forceinline__ void mk_prefetch_l2(const void * src, unsigned bytes) {
-    MK_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void mk_prefetch_l2_lines(const void * src, unsigned bytes) {
-    const char * p = (const char *) src;
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
-    if (((uintptr_t) p >> 7) != (((uintptr_t) p + bytes - 1) >> 7)) {
-        asm volatile("prefetch.global.L2 [%0];" :: "l"(p + bytes - 1));
-    }
-}
 // wait until the phase of bar with this parity has completed
 static __device__ __forceinline__ void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
     const unsigned b = (unsigned) __cvta_generic_to_shared(bar);

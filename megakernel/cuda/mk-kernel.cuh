@@ -405,8 +405,6 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack) {
     return r;
 }
 
-#define MK_PF_RANGES 8   // GGML_MK_VAR_L2_PREFETCH: weight ranges a mat-vec's begin may send into L2
-
 // (the kernel reads it in place, from the block's copy in shared memory: no per-thread copy in registers or local
 // memory, and fields of job j indexed directly)
 struct mk_mvr {
@@ -415,9 +413,6 @@ struct mk_mvr {
     int   spread;   // units dealt block by block (mk_it_first), unless GGML_MK_VAR_BLOCK_UNITS
     int   small;    // steps of 2..MK_MC_SMALL tokens run mk_mv_run<MK_MC_SMALL>, unless GGML_MK_VAR_WIDE_M (0); 2: with
                     // the staging's deeper load batches (GGML_MK_VAR_DEEP_STAGE)
-    int   pf_n;     // GGML_MK_VAR_L2_PREFETCH: weight ranges of the mat-vecs after this one to send into L2 at its begin
-    const uint8_t * pf_p[MK_PF_RANGES];   //   (mk_mv_table plans them: mk_pf_plan)
-    unsigned        pf_b[MK_PF_RANGES];
 };
 
 // field f of job j (0..2) of R
@@ -505,73 +500,11 @@ static inline mk_mv mk_mv_desc(const ggml_mk_model & md, const mk_args & a, int 
     return mv;
 }
 
-// GGML_MK_VAR_L2_PREFETCH (host, the step's table): at the begin of mat-vec i (before the grid barrier that precedes
-// it) the weights of the mat-vecs after it, their jobs' bytes laid end to end (each down to a multiple of 16), up to
-// a window of MK_PF_UNIT << (w - 1) bytes from the start of mat-vec i + 1 (w: the variant's 3-bit field), are sent
-// from memory into L2; what an earlier begin sent is not sent again (the windows only move forward), so each begin
-// sends the part of its window past the one before: at most MK_PF_RANGES ranges (a window that would need more ends
-// at its last range). Planned once here, so that the kernel only reads the ranges from the mat-vec's descriptor in
-// shared memory (call B of session 25 walked the table in the kernel: that walk's global loads cost more than the
-// prefetches could give)
-#ifndef MK_PF_UNIT
-#define MK_PF_UNIT (1ull << 20)   // the window's unit (1 MB; the host emulation's model is a few KB: smaller there)
-#endif
-
-static inline void mk_pf_plan(mk_mvr * tab, int n_mv, int flags) {
-    const int w = (flags & GGML_MK_VAR_L2_PREFETCH) >> GGML_MK_VAR_L2_PREFETCH_SHIFT;
-    if (w == 0) {
-        return;
-    }
-    const unsigned long long win = (unsigned long long) MK_PF_UNIT << (w - 1);
-    struct job { const uint8_t * p; unsigned long long g0, n; };   // g0: where the job lies in the jobs laid end to end
-    job jobs[3*(2 + GGML_MK_MAX_LAYERS*MK_MV_PER_LAYER)];
-    unsigned long long start[2 + GGML_MK_MAX_LAYERS*MK_MV_PER_LAYER + 1];
-    int nj = 0;
-    unsigned long long g = 0;
-    for (int i = 0; i < n_mv; ++i) {
-        start[i] = g;
-        const mk_mvr & R = tab[i];
-        for (int jb = 0; R.units && jb < 3; ++jb) {
-            if (jb > 0 && (R.j[jb].data == R.j[0].data || (jb == 2 && R.j[2].data == R.j[1].data))) {
-                continue;   // (a mat-vec of fewer jobs repeats job 0)
-            }
-            const unsigned long long n = ((unsigned long long) R.j[jb].ne1*R.j[jb].nb1) & ~15ull;
-            jobs[nj++] = { R.j[jb].data, g, n };
-            g += n;
-        }
-    }
-    start[n_mv] = g;
-    unsigned long long cur = 0;   // sent up to here
-    for (int i = 0; i < n_mv; ++i) {
-        mk_mvr & R = tab[i];
-        R.pf_n = 0;
-        if (!R.units) {
-            continue;   // (never begun)
-        }
-        const unsigned long long w0 = start[i + 1] > cur ? start[i + 1] : cur;
-        const unsigned long long w1 = start[i + 1] + win < g ? start[i + 1] + win : g;
-        for (int k = 0; k < nj && w0 < w1; ++k) {
-            const unsigned long long s = w0 > jobs[k].g0 ? w0 : jobs[k].g0;
-            const unsigned long long e = w1 < jobs[k].g0 + jobs[k].n ? w1 : jobs[k].g0 + jobs[k].n;
-            if (s < e) {
-                // (a range's bytes fit in 32 bits: a job of 4 GB is no Gemma's)
-                R.pf_p[R.pf_n] = jobs[k].p + (s - jobs[k].g0);
-                R.pf_b[R.pf_n] = (unsigned) (e - s);
-                cur = e;
-                if (++R.pf_n == MK_PF_RANGES) {
-                    break;
-                }
-            }
-        }
-    }
-}
-
 // host: the whole table (mk_mv_count(md.n_layer) entries)
 static inline void mk_mv_table(const ggml_mk_model & md, const mk_args & a, mk_mvr * tab) {
     for (int i = 0; i < mk_mv_count(md.n_layer); ++i) {
         tab[i] = mk_mvr_of(mk_mv_desc(md, a, i), md.debug_flags);
     }
-    mk_pf_plan(tab, mk_mv_count(md.n_layer), md.debug_flags);
 }
 
 // a draft launch's table (mk_mv_draft_count entries): a decode step's of md (ggml_mk_draft_model of d), then the
@@ -2371,32 +2304,6 @@ MK_DEVICE_FN void mk_draft_pick(const mk_args & a, const mk_draft_args & da, int
     }
 }
 
-// GGML_MK_VAR_L2_PREFETCH: the ranges mk_pf_plan gave mat-vec R's begin, sent from memory into L2 (nothing waits for
-// them): pieces of MK_PF_PIECE bytes (a bulk prefetch each, sm_90) or of 128 (lines: one prefetch.global.L2 per line),
-// counted from each range's start; piece k of a range is block k % grid's, the block's pieces go to its threads in turn.
-// Loads only: the bits do not change
-#ifndef MK_PF_PIECE
-#define MK_PF_PIECE 8192
-#endif
-
-MK_DEVICE_FN void mk_l2_prefetch(const mk_mvr & R, bool lines) {
-    const unsigned P    = lines ? 128u : (unsigned) MK_PF_PIECE;
-    const unsigned grid = gridDim.x;
-    for (int r = 0; r < R.pf_n; ++r) {
-        const unsigned n  = R.pf_b[r];
-        const unsigned np = (n + P - 1)/P;
-        for (unsigned k = blockIdx.x + threadIdx.x*grid; k < np; k += grid*MK_THREADS) {
-            const unsigned b0 = k*P;
-            const unsigned b1 = b0 + P < n ? b0 + P : n;
-            if (lines) {
-                mk_prefetch_l2_lines(R.pf_p[r] + b0, b1 - b0);
-            } else {
-                mk_prefetch_l2(R.pf_p[r] + b0, b1 - b0);
-            }
-        }
-    }
-}
-
 // one step of a launch, the whole grid: a decode/verify step (DRAFT = false: mk_decode_kernel), or step j of a fused MTP
 // draft (mk_draft_kernel; da: a device copy of its mk_draft_args), which adds its inputs and its pick around the step.
 // A decode step's code does not see the draft's: it compiles to the kernel it was before the draft (SASS compared)
@@ -2467,10 +2374,6 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
             if (threadIdx.x % WARP_SIZE == 0) {
                 s_fe[threadIdx.x / WARP_SIZE] = fe;   // (read by the warp's lanes after run's block barrier)
             }
-        }
-        // (after the mat-vec's own first tiles: those are waited for first)
-        if (!DRAFT && s_mv[0].pf_n && (a.bulk || (md.debug_flags & GGML_MK_VAR_L2_PREFETCH_LINES))) {
-            mk_l2_prefetch(s_mv[0], (md.debug_flags & GGML_MK_VAR_L2_PREFETCH_LINES) != 0);
         }
     };
     auto run = [&](auto fx) {

@@ -187,25 +187,6 @@ static inline void mk_bulk_copy(void * dst, const void * src, unsigned bytes, un
     emu_mbars.at(bar).pending.push_back({ dst, src, bytes });
     ++emu_progress;
 }
-// L2 prefetches (GGML_MK_VAR_L2_PREFETCH) move no data: each range is checked for alignment and recorded, for the
-// driver to check against the weights it should cover (emu_prefetched is cleared by the driver)
-struct emu_range { const void * src; unsigned bytes; };
-inline std::vector<emu_range> emu_prefetched;
-static inline void mk_prefetch_l2(const void * src, unsigned bytes) {
-    emu_need_bulk("cp.async.bulk.prefetch.L2");
-    if (bytes == 0 || bytes % 16 != 0 || (uintptr_t) src % 16 != 0) {
-        fprintf(stderr, "cuda_emu: cp.async.bulk.prefetch.L2 of %u bytes at %p: not 16-byte aligned or empty\n", bytes, src);
-        abort();
-    }
-    emu_prefetched.push_back({ src, bytes });
-}
-static inline void mk_prefetch_l2_lines(const void * src, unsigned bytes) {   // (any device)
-    if (bytes == 0 || bytes > 128 || bytes % 16 != 0 || (uintptr_t) src % 16 != 0) {
-        fprintf(stderr, "cuda_emu: per-line L2 prefetch of %u bytes at %p: not a 16-byte aligned piece of at most 128\n", bytes, src);
-        abort();
-    }
-    emu_prefetched.push_back({ src, bytes });
-}
 static inline void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
     emu_need_bulk("mbarrier.try_wait");
     emu_mbar & b = emu_mbars.at(bar);

@@ -22,10 +22,6 @@
 // attention groups of 3 chunks (the GPU's: 16): the steps' cells (positions 0..17, chunks of 4: mk_ref.h) span 2 groups, so a step's
 // attention combines several groups' results, some of them empty for some tokens (the sliding window)
 #define MK_ATT_GROUP 3
-// GGML_MK_VAR_L2_PREFETCH's window in units of 3 KB (the GPU's: 1 MB) and pieces of 208 bytes (the GPU's: 8 KB; no
-// divisor of the jobs' sizes): the windows end inside jobs and pieces, and a job's pieces spread over both blocks
-#define MK_PF_UNIT  3072ull
-#define MK_PF_PIECE 208
 #include "mk-kernel.cuh"
 
 #include "mk_ref.h"
@@ -84,83 +80,6 @@ int main(int argc, char ** argv) {
         for (int i = 0; i < 4; ++i) set[i].assign(kv_elems[i], half{0});
     }
     int n_fold = 0, n_layer_steps = 0, n_cmp = 0, n_cmp_diff = 0, grp_max = 0;
-
-    // GGML_MK_VAR_L2_PREFETCH: the step begins every mat-vec with rows, in table order; at the begin of mat-vec i the
-    // window covers W bytes from the start of mat-vec i+1 in the mat-vecs' jobs laid end to end (each job's bytes down
-    // to a multiple of 16). A step's prefetches must cover the union of those windows exactly, each byte once
-    int n_pf_fail = 0, n_pf_steps = 0;
-    size_t pf_ranges = 0, pf_bytes = 0;
-    auto check_prefetch = [&](const std::vector<mk_mvr> & mvt, int M) {
-        const size_t W = (size_t) MK_PF_UNIT << (((M_.debug_flags & GGML_MK_VAR_L2_PREFETCH) >> GGML_MK_VAR_L2_PREFETCH_SHIFT) - 1);
-        struct job { uintptr_t data; size_t g0, n; };   // g0: its place in the jobs laid end to end
-        std::vector<job> jobs;
-        std::vector<size_t> start(mvt.size() + 1);     // mat-vec i's place
-        size_t g = 0;
-        for (int i = 0; i < (int) mvt.size(); ++i) {
-            start[i] = g;
-            const mk_mvr & R = mvt[i];
-            for (int j = 0; R.units && j < 3; ++j) {
-                if (j > 0 && (R.j[j].data == R.j[0].data || (j == 2 && R.j[2].data == R.j[1].data))) {
-                    continue;
-                }
-                const size_t n = ((size_t) R.j[j].ne1*R.j[j].nb1) & ~(size_t) 15;
-                jobs.push_back({ (uintptr_t) R.j[j].data, g, n });
-                g += n;
-            }
-        }
-        start[mvt.size()] = g;
-        std::vector<std::pair<uintptr_t, uintptr_t>> want, got;
-        for (int i = 0; i < (int) mvt.size(); ++i) {
-            if (!mvt[i].units) {
-                continue;   // (never begun)
-            }
-            const size_t w0 = start[i + 1], w1 = std::min(g, w0 + W);
-            for (const job & jb : jobs) {
-                const size_t s = std::max(w0, jb.g0), e = std::min(w1, jb.g0 + jb.n);
-                if (s < e) {
-                    want.push_back({ jb.data + (s - jb.g0), jb.data + (e - jb.g0) });
-                }
-            }
-        }
-        for (const emu_range & r : emu_prefetched) {
-            got.push_back({ (uintptr_t) r.src, (uintptr_t) r.src + r.bytes });
-        }
-        std::sort(want.begin(), want.end());
-        std::sort(got.begin(), got.end());
-        // merge adjacent ranges, then the two lists must be equal
-        auto merge = [](std::vector<std::pair<uintptr_t, uintptr_t>> & v, bool & overlap) {
-            std::vector<std::pair<uintptr_t, uintptr_t>> o;
-            for (const auto & r : v) {
-                if (!o.empty() && r.first < o.back().second) {
-                    overlap = true;
-                }
-                if (!o.empty() && r.first <= o.back().second) {
-                    o.back().second = std::max(o.back().second, r.second);
-                } else {
-                    o.push_back(r);
-                }
-            }
-            v = o;
-        };
-        bool ov_want = false, ov_got = false;
-        const size_t n_got = got.size();
-        merge(want, ov_want);
-        merge(got, ov_got);
-        ++n_pf_steps;
-        pf_ranges += n_got;
-        for (const auto & r : got) {
-            pf_bytes += r.second - r.first;
-        }
-        if (ov_got || want != got) {
-            size_t wb = 0, gb = 0;
-            for (const auto & r : want) wb += r.second - r.first;
-            for (const auto & r : got)  gb += r.second - r.first;
-            printf("FAIL L2 prefetch, step of %d tokens: %zu ranges, %zu bytes%s, but the windows hold %zu bytes in %zu ranges\n",
-                   M, n_got, gb, ov_got ? " (some twice)" : "", wb, want.size());
-            return false;
-        }
-        return true;
-    };
 
     // scratch for the emulated kernel
     const int n_chunk = kv_size/M_.att_chunk + 1;
@@ -236,13 +155,9 @@ int main(int argc, char ** argv) {
         }
         a.bulk = (M_.debug_flags & GGML_MK_VAR_CP_ASYNC) ? 0 : 1;   // (as ggml_cuda_mk_create on an sm_90 device)
         emu_bulk_engine = a.bulk != 0;   // (0x2000: as an sm_80..89 device, which has no bulk copy engine)
-        emu_prefetched.clear();
         if (!emu_launch(mk_decode_kernel, a, 2, MK_THREADS, smem, "mk_decode_kernel")) {
             printf("FAIL deadlock in mk_decode_kernel\n");
             exit(1);
-        }
-        if (set == 0 && (M_.debug_flags & GGML_MK_VAR_L2_PREFETCH) && (a.bulk || (M_.debug_flags & GGML_MK_VAR_L2_PREFETCH_LINES))) {
-            n_pf_fail += !check_prefetch(mvt, M);
         }
         std::vector<float> out(s_lo.begin(), s_lo.begin() + (size_t) M*n_vocab);   // logits, then the hidden rows
         out.insert(out.end(), s_hid.begin(), s_hid.begin() + (size_t) M*n_embd);
@@ -282,11 +197,6 @@ int main(int argc, char ** argv) {
     printf("attention groups (%d chunks of %d cells each) in a step's list: up to %d\n",
            (M_.debug_flags & GGML_MK_VAR_HALF_GROUPS) ? MK_ATT_GROUP_HALF : MK_ATT_GROUP, M_.att_chunk, grp_max);
     printf("digest of every step's logits and hidden rows: %016llx\n", (unsigned long long) digest);
-    if (variant & GGML_MK_VAR_L2_PREFETCH) {
-        printf("%s L2 prefetch: %zu ranges, %zu bytes in %d steps, each byte of the windows once: %d of %d "
-               "steps not\n", n_pf_fail || !n_pf_steps ? "FAIL" : "OK", pf_ranges, pf_bytes, n_pf_steps, n_pf_fail, n_pf_steps);
-        fails += n_pf_fail + !n_pf_steps;
-    }
     if (vs_default) {
         printf("%s variant 0x%x == default kernel bitwise (logits, hidden rows, KV caches): %d of %d steps differ\n",
                n_cmp_diff ? "FAIL" : "OK", variant, n_cmp_diff, n_cmp);
