@@ -10,7 +10,7 @@
 #   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch, per step size M; MK_PROF=2: also every block's barrier arrivals; MK_PROF_ARGS: more test-mk options, e.g. "--rounds 2 --verify-cost" for verify steps of M = 2..5; MK_PROF_LINES: profile lines shown, default 40), server (llama-server speculative == greedy), ctx (by context length: checks at a long prompt, tok/s at tg 32..1024
 #   vs the graph and MK_CTX_VARIANT), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV; both after a ~390-token prompt with MK_NCU_LONG=1), ncuv (one verify launch
-#   of MK_NCU_M tokens, default 4: sections + SASS samples; not yet run on a GPU), e2e (MTP speculation end to end
+#   of MK_NCU_M tokens, default 4: sections + SASS samples; first run in session 25), e2e (MTP speculation end to end
 #   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize, ab (two builds A/B, MK_AB_BASE: see stage_ab; last). Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_CHECK_ARGS (check: extra nvcc options),
 #   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
