@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,3 +176,26 @@ def test_cpu_build_has_no_amx_path_on_an_amx_cpu(cpu_build):
     assert syms.returncode == 0, syms.stderr
     amx = [line for line in syms.stdout.splitlines() if "ggml_backend_amx" in line]
     assert not amx, f"{libs[0]} has ggml's AMX path on an AMX CPU:\n" + "\n".join(amx[:5])
+
+
+def test_amx_build_runs_the_model_on_an_amx_cpu(pytestconfig, cpu_build, gemma_model):
+    """Patch 0067 (the AMX tile configuration from a constant object): a build that keeps ggml's AMX path, as a user's
+    own cmake makes on such a CPU, runs the model instead of dying with SIGSEGV in ggml_backend_amx_mul_mat; and it is
+    batch-variant (test-batch-invariance finds rows that differ where the series needs them equal), which is why the
+    harness's own builds leave AMX out (host_flags)."""
+    if not buildmod.native_amx():
+        pytest.skip("this CPU has no AMX (-march=native defines no __AMX_INT8__): no AMX path to run")
+    from conftest import _uncaptured
+    with _uncaptured(pytestconfig):   # the harness's AMX flags overridden by the later, empty ones: AMX kept
+        bdir = buildmod.ensure_build("cpu", ("llama-completion", "test-batch-invariance"),
+                                     extra=["-DCMAKE_C_FLAGS=", "-DCMAKE_CXX_FLAGS="])
+    syms = subprocess.run(["nm", "-C", "-D", str(sorted((bdir / "bin").glob("libggml-cpu.so*"))[0])],
+                          capture_output=True, text=True).stdout
+    assert "ggml_backend_amx_mul_mat" in syms, "the build meant to keep the AMX path has none"
+    r = subprocess.run([str(bdir / "bin" / "llama-completion"), "-m", str(gemma_model), "-p", "The water cycle is",
+                        "-n", "8", "--temp", "0", "-no-cnv"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"llama-completion on the AMX build: exit {r.returncode}\n{r.stderr[-3000:]}"
+    assert "AMX_INT8 = 1" in r.stderr and "The water cycle is" in r.stdout, (r.stdout[-500:], r.stderr[-2000:])
+    inv = subprocess.run([str(bdir / "bin" / "test-batch-invariance")], capture_output=True, text=True, timeout=900)
+    assert inv.returncode != 0 and re.search(r"^[1-9]\d* mismatches where the batch must be invariant", inv.stdout, re.M), \
+        f"the AMX build is batch-invariant now: the harness could keep AMX on (host_flags)\n{inv.stdout[-2000:]}"
