@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -91,17 +92,14 @@ def backend_flags(backend: str, cuda_arch: str | None = None) -> list[str]:
     raise HarnessError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
-_NATIVE_AMX: dict[str, bool] = {}
-
-
+@functools.cache
 def native_amx() -> bool:
     """Whether `-march=native` turns AMX on for this machine's CPU (the C compiler's predefined macros)."""
-    if "v" not in _NATIVE_AMX:
-        cc = which(["cc", "gcc", "clang-19"])
-        r = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True) \
-            if cc else None
-        _NATIVE_AMX["v"] = bool(r and r.returncode == 0 and "__AMX_INT8__" in r.stdout)
-    return _NATIVE_AMX["v"]
+    cc = which(["cc", "gcc", "clang-19"])
+    if not cc:
+        return False
+    r = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True)
+    return r.returncode == 0 and "__AMX_INT8__" in r.stdout
 
 
 AMX_OFF = "-U__AMX_TILE__ -U__AMX_INT8__ -U__AMX_BF16__"
@@ -109,10 +107,11 @@ AMX_OFF = "-U__AMX_TILE__ -U__AMX_INT8__ -U__AMX_BF16__"
 
 def host_flags(backend: str) -> list[str]:
     """cmake options this machine's CPU needs. On a CPU with AMX, `-march=native` (GGML_NATIVE) compiles ggml-cpu's AMX
-    path, and the pinned llama.cpp crashes there at the first matrix product (SIGSEGV on ldtilecfg in
-    ggml_backend_amx_mul_mat: the tile configuration on the stack is optimized away; upstream issue #20824), so the
-    builds undefine the AMX macros: ggml-cpu then has no AMX buffer type and takes its AVX-512 kernels. Part of the
-    build key (a build made elsewhere is not reused here)."""
+    path, which puts Q4_0/Q4_K/Q6_K/Q8_0 weights in its own buffer type whose matrix products give a batch's rows other
+    bits than one row alone (test-batch-invariance: the series' lossless CPU speculation needs them equal; without patch
+    0067 the path also crashed, upstream issue #20824). So the builds undefine the AMX macros: ggml-cpu then has no AMX
+    buffer type and takes its AVX-512 kernels. Part of the build key. A later `--cmake-arg -DCMAKE_C_FLAGS=...` replaces
+    these flags (cmake keeps the last value): that is how a test builds the AMX variant."""
     if backend in ("cpu", "metal-emu", "cuda") and native_amx():
         return [f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}"]
     return []
@@ -190,8 +189,8 @@ def build(tree: Path, backend: str = "cpu", targets: tuple[str, ...] | list[str]
     if not (bdir / "CMakeCache.txt").exists():
         say(f"configuring {backend} build in {bdir}")
         if host_flags(backend):
-            say(f"this CPU has AMX: building {backend} without ggml's AMX path (the pinned llama.cpp crashes in it, "
-                f"upstream issue #20824)")
+            say(f"this CPU has AMX: building {backend} without ggml's AMX path (its batched matrix products are not "
+                f"batch-invariant, which lossless speculation on the CPU needs)")
         run_logged(cmake_args(tree, bdir, backend, extra, cuda_arch), bdir / "configure.log",
                    step=f"cmake configure ({backend})", echo=False, env=env)
     say(f"building {', '.join(want)} with {jobs} jobs (compiler output: {bdir / 'build.log'})")
