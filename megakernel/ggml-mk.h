@@ -160,11 +160,6 @@ struct ggml_mk_model {
                                               // every column's slots at once (MK_SB_DEEP_R = MK_SB*4; a verify batch of 4 on
                                               // E4B's hidden size: 5 dependent L2 round trips in such a staging instead of 8);
                                               // the same items, order and sums: the same bits (no effect with 0x400000)
-#define GGML_MK_VAR_CLUSTER_STAGE     0x1000000 // (candidate) the launch in clusters of 2 blocks (sm_90+; LLAMA_MEGAKERNEL_CLUSTER=4:
-                                              // of 4), whose blocks share the staging of a step of several tokens: block r of a
-                                              // cluster stages columns r, r + c, ... and writes their values and 8-bit records
-                                              // into every block of its cluster (distributed shared memory), instead of every
-                                              // block staging every column (each column's arithmetic unchanged: the same bits)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

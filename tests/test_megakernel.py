@@ -148,6 +148,8 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # made for at most MK_MC_SMALL = 4): bitwise the default's; the emulation's verify M=4 takes the small code by default
 # 0x800000: GGML_MK_VAR_DEEP_STAGE (the small code's staging with every column's rms loads in flight at once; the
 # emulation's value batches 2 slots, MK_SB_DEEP_V, against the default's 3): bitwise the default's
+# slow: 3 blocks, block 1 running only every 8th pass of the emulation's scheduler (the others run ahead of it to the
+# next barrier they share: a phase that reads what another block has not written yet shows)
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
@@ -155,7 +157,8 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x1000": ["--variant", "0x1000", "--vs-default"], "0x40000": ["--variant", "0x40000"],
             "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"],
             "0x200000": ["--variant", "0x200000", "--vs-default"],
-            "0x400000": ["--variant", "0x400000", "--vs-default"], "0x800000": ["--variant", "0x800000", "--vs-default"]}
+            "0x400000": ["--variant", "0x400000", "--vs-default"], "0x800000": ["--variant", "0x800000", "--vs-default"],
+            "slow": ["--blocks", "3", "--slow-block", "1"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -206,6 +209,15 @@ def test_attention_groups_change_the_arithmetic(kernel_emu):
 def test_cuda_kernel_on_host_without_grid_barriers_fails(kernel_emu):
     r = subprocess.run([str(kernel_emu), "--planted"], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and "FAIL" in r.stdout, "grid barriers off went unnoticed:\n" + r.stdout[-3000:]
+
+
+def test_cuda_kernel_on_host_one_missing_grid_barrier_fails_on_the_slow_schedule(tmp_path, cpu_build):
+    """the "slow" run's schedule (3 blocks, block 1 running every 8th pass) must catch one grid barrier left out: the
+    one between the q/k/v mat-vec and the heads phase (the heads read every block's q/k/v rows)"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, "mk_grid_sync(a, MK_PH_QKV);", "/* planted: no barrier */")
+    r = subprocess.run([str(exe), *EMU_RUNS["slow"]], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL ", r.stdout, re.M), \
+        f"a missing grid barrier went unnoticed on the slow schedule:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kernel_on_host_small_batch_code_planted_bug_fails(tmp_path, cpu_build):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # session 26 call A (cold): run(command="bash <this>", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"], timeout_s=600)
+# (the variant's code: commit 3d723d3, removed again after this call: no gain, NOTES.md session 26)
 # issue 12/14: GGML_MK_VAR_CLUSTER_STAGE (0x1000000): the kernel launched in clusters of 2 (or 4) blocks that share a verify
 # step's staging (block r stages columns r, r + c, ... into every block of its cluster through distributed shared memory).
 # test-mk --variant: bitwise vs the default (4 teacher-forced one-token steps), then greedy tg32 AB/BA in

@@ -108,38 +108,6 @@ static __device__ __forceinline__ void mk_mbar_wait(unsigned long long * bar, un
     } while (!done);
 }
 
-// thread-block clusters (sm_90+; GGML_MK_VAR_CLUSTER_STAGE: the host launches the kernel in clusters, else a cluster is
-// the block alone): the blocks in this block's cluster, this block's rank in it, the generic address of p's counterpart
-// in the shared memory of the cluster's block of rank r, and a barrier of every thread of the cluster (release /
-// acquire: the stores into other blocks' shared memory before it are seen after it)
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-static __device__ __forceinline__ unsigned mk_cl_size() {
-    unsigned n;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return n;
-}
-static __device__ __forceinline__ unsigned mk_cl_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-template <typename T>
-static __device__ __forceinline__ T * mk_cl_map(T * p, unsigned r) {
-    unsigned long long q;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(r));
-    return (T *) q;
-}
-static __device__ __forceinline__ void mk_cl_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-#else
-static __device__ __forceinline__ unsigned mk_cl_size() { return 1; }
-static __device__ __forceinline__ unsigned mk_cl_rank() { return 0; }
-template <typename T>
-static __device__ __forceinline__ T * mk_cl_map(T * p, unsigned) { __trap(); return p; }
-static __device__ __forceinline__ void mk_cl_sync() { __trap(); }
-#endif
-
 // the grid barrier's arrival (release: the block's writes, ordered before it by __syncthreads, go first; acquire:
 // the last arrival sees the others' writes) and poll (acquire: what the other blocks wrote before their arrivals is
 // seen after it), GPU scope

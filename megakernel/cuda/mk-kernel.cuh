@@ -863,24 +863,10 @@ MK_DEVICE void mk_block_sums(float (&ss)[MC], int Mc, float * red) {
     });
 }
 
-// *p = v in this block's shared memory and in that of the other ncl - 1 blocks of its cluster (ncl: 1, or the cluster's
-// size where the cluster shares a staging: GGML_MK_VAR_CLUSTER_STAGE)
-template <typename T>
-MK_DEVICE void mk_st_cl(T * p, const T & v, int ncl) {
-    *p = v;
-    if (ncl > 1) {
-        const unsigned r0 = mk_cl_rank();
-        for (int r = 1; r < ncl; ++r) {
-            *mk_cl_map(p, (r0 + r) % ncl) = v;
-        }
-    }
-}
-
 // the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
 // q = round(x*(1/d)): one division per slot, not four); the group's 8 slots are on 8 consecutive lanes, and every
-// lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles);
-// the record is written into the ncl blocks of the cluster (mk_st_cl)
-MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, int ncl = 1) {
+// lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles)
+MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     MK_UNROLL
     for (int o = 1; o < 8; o <<= 1) {
@@ -899,11 +885,11 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, int n
         sq += __shfl_xor_sync(0xffffffff, sq, o);
     }
     if (ok) {
-        mk_st_cl((unsigned *) rec + f % 8, (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
-                                           (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24, ncl);
+        ((unsigned *) rec)[f % 8] = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
+                                    (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
         if (f % 8 == 0) {
-            mk_st_cl((float *) (rec + 32), d, ncl);
-            mk_st_cl((float *) (rec + 32) + 1, sq, ncl);
+            ((float *) (rec + 32))[0] = d;
+            ((float *) (rec + 32))[1] = sq;
         }
     }
 }
@@ -915,11 +901,11 @@ struct mk_item {
     int f;   // slot
 };
 
-MK_DEVICE void mk_item_next(mk_item & it, int t, int fe, int cs) {   // fe = t + NJ*MK_THREADS, cs: the column step
+MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_THREADS
     it.f += MK_THREADS;
     if (it.f >= fe) {
         it.f = t;
-        it.m += cs;
+        ++it.m;
     }
 }
 
@@ -950,14 +936,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const int  F   = KG*8;                                  // slots per column, padding included
     const int  F4  = K/4;                                   // slots with values
     const int  NJ  = (F + MK_THREADS - 1)/MK_THREADS;      // slots per thread per column
-    // a cluster that shares the staging (GGML_MK_VAR_CLUSTER_STAGE, a pass of several columns): block r of the ncl
-    // blocks stages columns r, r + ncl, ... (NI = 0 where r >= Mc) into every block of the cluster; else one block
-    // stages every column for itself
-    const int  ncl = MC == 1 || Mc == 1 ? 1 : (int) mk_cl_size();
-    const int  cs  = ncl;                                   // the column step
-    const int  c0  = ncl > 1 ? (int) mk_cl_rank() : 0;     // the first column
-    const int  NI  = (Mc - c0 + cs - 1)/cs*NJ;
-    const bool wr0 = (int) blockIdx.x < ncl;                // the block writes its columns' res_out / nw_out rows
+    const int  NI  = Mc*NJ;
     const int  t   = threadIdx.x;
     const bool res = x.res_h != nullptr;
     const bool gl  = x.mode == MK_X_GEGLU;
@@ -972,7 +951,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 
     if (res && !one) {
         mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
-        mk_item it = { c0, t };
+        mk_item it = { 0, t };
 #pragma unroll 1
         for (int i0 = 0; i0 < NI; i0 += SBR) {
             float4 v[SBR];
@@ -981,7 +960,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             for (int b = 0; b < SBR; ++b) {
                 mb[b] = MK_COL(it);
                 v[b] = i0 + b < NI && it.f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + mb[b])*x.lda) + it.f) : z4;
-                mk_item_next(it, t, fe, cs);
+                mk_item_next(it, t, fe);
             }
             MK_UNROLL
             for (int b = 0; b < SBR; ++b) {
@@ -996,7 +975,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     }
 
     mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
-    mk_item it = { c0, t };
+    mk_item it = { 0, t };
 #pragma unroll 1
     for (int i0 = 0; i0 < NI; i0 += SBV) {
         float4 va[SBV], vb[SBV], vw[SBV], vn[SBV];
@@ -1007,7 +986,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int f = it.f;
             mb[b] = MK_COL(it);
             fb[b] = f;
-            mk_item_next(it, t, fe, cs);
+            mk_item_next(it, t, fe);
             const bool ok = i < NI && f < F4;
             const size_t mm = (size_t) (m0 + mb[b]);
             va[b] = ok ? mk_ldcg4((const float4 *) (x.a + mm*x.lda) + f) : z4;
@@ -1048,7 +1027,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 const float4 hn = mk_mul4(mk_scale4(vb[b], mk_col_get<MC>(rh, m)), vw[b]);
                 v = mk_scale4(mk_f4(__fadd_rn(v.x, hn.x), __fadd_rn(v.y, hn.y), __fadd_rn(v.z, hn.z), __fadd_rn(v.w, hn.w)),
                               x.res_scale);
-                if (wr0 && f < F4) {
+                if (blockIdx.x == 0 && f < F4) {
                     ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
                 }
             }
@@ -1057,20 +1036,15 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 v = mk_mul4(v, vn[b]);
             }
             if (direct) {
-                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC, ncl);
+                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
             } else if (ok) {
-                // (the other blocks of a sharing cluster want the values only where they are final: no norm to scale)
-                mk_st_cl((float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8)), v, x.nw ? 1 : ncl);
+                *(float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8)) = v;
             }
         }
     }
     mk_prof_at(prof, MK_PH_ST_LOAD);
     if (direct) {
-        if (ncl > 1) {
-            mk_cl_sync();   // (the other blocks' records have landed here, ours there)
-        } else {
-            __syncthreads();
-        }
+        __syncthreads();
         return;
     }
     if (x.nw) {
@@ -1084,9 +1058,9 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     // the norm's scale, and the 8-bit rounding of each 32-value group (8 consecutive lanes hold one group;
     // every lane of a warp runs the shuffles)
     if (x.nw || q8) {
-        mk_item it = { c0, t };
+        mk_item it = { 0, t };
 #pragma unroll 1
-        for (int i = 0; i < NI; ++i, mk_item_next(it, t, fe, cs)) {
+        for (int i = 0; i < NI; ++i, mk_item_next(it, t, fe)) {
             const int m = MK_COL(it);
             const int f = it.f;
             const bool ok = f < F;
@@ -1095,21 +1069,18 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             if (x.nw) {
                 v = mk_scale4(v, mk_col_get<MC>(ss, m));
                 if (ok) {
-                    mk_st_cl(p, v, ncl);
+                    *p = v;
                 }
-                if (x.nw_out && wr0 && f < F4) {
+                if (x.nw_out && blockIdx.x == 0 && f < F4) {
                     ((float4 *) (x.nw_out + (size_t) (m0 + m)*K))[f] = v;
                 }
             }
             if (q8) {
-                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC, ncl);
+                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
             }
         }
         __syncthreads();
         mk_prof_at(prof, MK_PH_ST_Q8);
-    }
-    if (ncl > 1) {
-        mk_cl_sync();   // (the other blocks' values and records have landed here, ours there)
     }
 #undef MK_COL
 }
@@ -1484,9 +1455,6 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
         }
         mk_cp_async_wait<0>();
         __syncthreads(); // xs is restaged by the next pass or mat-vec
-        if (MC > 1 && m0 + Mc < M && mk_cl_size() > 1) {
-            mk_cl_sync();   // (a cluster that shares the staging: the next pass writes into the other blocks' inputs)
-        }
     }
     if (bk != nullptr && threadIdx.x % WARP_SIZE == 0) {
         bk[threadIdx.x / WARP_SIZE].ph = ph;   // (every lane holds the same)

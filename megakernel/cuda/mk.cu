@@ -42,7 +42,6 @@ struct mk_cuda {
     int att_chunk = 8;
     int  flags = 0;            // the model's debug_flags (mk_step_chunks: GGML_MK_VAR_ALL_CHUNKS, _HALF_GROUPS)
     bool bulk = false;         // weight tiles by cp.async.bulk (sm_90+, not GGML_MK_VAR_CP_ASYNC)
-    int  cl = 1;               // blocks per cluster of the launch (GGML_MK_VAR_CLUSTER_STAGE: 2, LLAMA_MEGAKERNEL_CLUSTER)
     uint64_t launches = 0;     // the grid barrier's two counts alternate per launch
     int ncu_m = 0;             // LLAMA_MEGAKERNEL_NCU_M=M: only steps of M tokens inside the profiler's range (ncu
                                // --profile-from-start off: one verify launch, not the one-token steps before it)
@@ -88,28 +87,6 @@ struct mk_cuda {
     void  * tok_embd  = nullptr;   // a device copy of the target's token embeddings when llama.cpp keeps them in host memory
     int     k_max     = 0;
 };
-
-// one launch of the handle's kernel: cooperative (every block resident at once, or the launch fails), or in clusters
-// (GGML_MK_VAR_CLUSTER_STAGE: a launch with the cluster attribute; mk_cuda_create sized the grid to the clusters that
-// fit at once)
-static cudaError_t mk_launch(const mk_cuda * mk, void ** kargs) {
-    if (mk->cl <= 1) {
-        return cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
-    }
-    cudaLaunchAttribute at = {};
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = mk->cl;
-    at.val.clusterDim.y = 1;
-    at.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(mk->grid);
-    cfg.blockDim = dim3(MK_THREADS);
-    cfg.dynamicSmemBytes = mk->smem_bytes;
-    cfg.stream = mk->stream;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelExC(&cfg, mk->kernel, kargs);
-}
 
 // the profile's names of the phases (enum mk_phase)
 static const char * const mk_phase_names[MK_PH_COUNT] = {
@@ -264,44 +241,6 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     // fewer blocks (the kernel's loops stride by the grid): compute-sanitizer's racecheck of a whole grid is too slow
     if (const char * e = getenv("LLAMA_MEGAKERNEL_GRID"); e && atoi(e) > 0) {
         mk->grid = std::min(mk->grid, atoi(e));
-    }
-    // GGML_MK_VAR_CLUSTER_STAGE: the decode kernel in clusters of LLAMA_MEGAKERNEL_CLUSTER (2) blocks, which share the
-    // staging of a verify step's inputs (mk_stage); every block must be resident at once (the grid barrier), so the grid
-    // is as many whole clusters as fit
-    if ((model->debug_flags & GGML_MK_VAR_CLUSTER_STAGE) && !d) {
-        int cl = 2;
-        if (const char * e = getenv("LLAMA_MEGAKERNEL_CLUSTER")) {
-            cl = atoi(e);
-        }
-        if (cc_major < 9 || cl < 2 || cl > 8) {
-            snprintf(err, err_size, "variant 0x%x (GGML_MK_VAR_CLUSTER_STAGE) needs clusters of 2..8 blocks (LLAMA_MEGAKERNEL_CLUSTER=%d) "
-                     "and compute capability 9.0 or newer (%d.x)", GGML_MK_VAR_CLUSTER_STAGE, cl, cc_major);
-            ggml_cuda_mk_free(mk);
-            return nullptr;
-        }
-        cudaLaunchAttribute at = {};
-        at.id = cudaLaunchAttributeClusterDimension;
-        at.val.clusterDim.x = cl;
-        at.val.clusterDim.y = 1;
-        at.val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(mk->grid - mk->grid % cl);
-        cfg.blockDim = dim3(MK_THREADS);
-        cfg.dynamicSmemBytes = mk->smem_bytes;
-        cfg.attrs = &at;
-        cfg.numAttrs = 1;
-        int n_cl = 0;
-        MK_TRY(cudaOccupancyMaxActiveClusters(&n_cl, mk->kernel, &cfg), "cluster occupancy");
-        const int grid = std::min(mk->grid - mk->grid % cl, n_cl*cl);
-        if (grid < cl) {
-            snprintf(err, err_size, "variant 0x%x (GGML_MK_VAR_CLUSTER_STAGE): no cluster of %d blocks fits", GGML_MK_VAR_CLUSTER_STAGE, cl);
-            ggml_cuda_mk_free(mk);
-            return nullptr;
-        }
-        fprintf(stderr, "llama_mk: the kernel in clusters of %d blocks (variant 0x%x): %d blocks of %d (%d clusters fit at once)\n",
-                cl, GGML_MK_VAR_CLUSTER_STAGE, grid, mk->grid, n_cl);
-        mk->cl = cl;
-        mk->grid = grid;
     }
 
     MK_TRY(cudaStreamCreateWithFlags(&mk->stream, cudaStreamNonBlocking), "stream");
@@ -720,7 +659,7 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         cudaProfilerStart();
     }
 #endif
-    cudaError_t e = mk_launch(mk, kargs);
+    cudaError_t e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
 #if MK_PROFILER_RANGE
     if (ncu) {
         cudaProfilerStop();
@@ -825,7 +764,7 @@ int ggml_cuda_mk_draft_eval(void * h, const ggml_mk_draft_step * step) {
     }
     const int64_t t_step = mk_prof_begin(mk, a);
     void * kargs[] = { (void *) &a, (void *) &d_da };
-    cudaError_t e = mk_launch(mk, kargs);
+    cudaError_t e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s: launch failed: %s\n", __func__, cudaGetErrorString(e));
         return 4;

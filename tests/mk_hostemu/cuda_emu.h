@@ -41,7 +41,6 @@ struct emu_block {
     std::vector<float> slot;
     std::map<int, std::vector<char>> shared;
     std::vector<char> dyn;
-    emu_bar * cl_bar = nullptr;   // the barrier of its cluster's threads (mk_cl_sync)
 };
 
 struct emu_fiber {
@@ -57,6 +56,8 @@ inline void *       emu_sched_sp;   // the scheduler's saved context
 inline emu_fiber  * emu_cur_fiber;
 inline emu_block  * emu_cur;
 inline long         emu_progress;   // barrier arrivals and generations: deadlock detection
+inline int          emu_slow_block = -1;   // a block that runs only every 8th scheduler pass (the others run ahead of
+                                           // it between the barriers they share: a missing one shows)
 
 inline void emu_yield() {
     emu_ctx_switch(&emu_cur_fiber->sp, emu_sched_sp);
@@ -80,32 +81,6 @@ inline void emu_bar_wait(emu_bar & b) {
 
 inline void __syncthreads() { emu_bar_wait(emu_cur->bar); }
 
-// thread-block clusters: a launch's blocks in clusters of emu_cluster consecutive blocks (the driver sets it, as the
-// host does its launch attribute); distributed shared memory maps the dynamic shared memory only (the staged inputs)
-inline unsigned emu_cluster = 1;
-inline int      emu_slow_block = -1;   // a block that runs only every 8th scheduler pass (the others run ahead of it
-                                       // between grid barriers: a missing block or cluster barrier shows)
-inline std::vector<emu_block *> emu_blocks;   // the running launch's blocks
-inline unsigned mk_cl_size() { return emu_cluster; }
-inline unsigned mk_cl_rank() { return blockIdx.x % emu_cluster; }
-template <typename T>
-inline T * mk_cl_map(T * p, unsigned r) {
-    const char * c = (const char *) p;
-    if (r >= emu_cluster || c < emu_cur->dyn.data() || c >= emu_cur->dyn.data() + emu_cur->dyn.size()) {
-        fprintf(stderr, "cuda_emu: mapa of %p to rank %u: not in the block's dynamic shared memory or no such rank (cluster of %u)\n",
-                (const void *) p, r, emu_cluster);
-        abort();
-    }
-    ++emu_progress;
-    return (T *) (emu_blocks[blockIdx.x - blockIdx.x % emu_cluster + r]->dyn.data() + (c - emu_cur->dyn.data()));
-}
-inline void mk_cl_sync() {
-    if (emu_cluster == 1) {
-        fprintf(stderr, "cuda_emu: barrier.cluster in a launch without clusters\n");   // (the GPU's would be a block barrier:
-        abort();                                                                         // the kernel's split never asks for it)
-    }
-    emu_bar_wait(*emu_cur->cl_bar);
-}
 inline void __syncwarp(unsigned = 0xffffffffu) { emu_bar_wait(emu_cur->warp_bar[threadIdx.x / WARP_SIZE]); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     const int w = threadIdx.x / WARP_SIZE, l = threadIdx.x % WARP_SIZE;
@@ -253,20 +228,8 @@ bool emu_launch(void (*kernel)(const A), const A & args, unsigned n_blocks, unsi
     gridDim.x = n_blocks;
     std::vector<std::unique_ptr<emu_block>> blocks;
     std::vector<std::unique_ptr<emu_fiber>> fibers;
-    if (emu_cluster < 1 || n_blocks % emu_cluster != 0) {
-        fprintf(stderr, "cuda_emu: %u blocks in clusters of %u: the cluster size must divide the grid\n", n_blocks, emu_cluster);
-        abort();
-    }
-    std::vector<std::unique_ptr<emu_bar>> cl_bars;
-    emu_blocks.clear();
     for (unsigned b = 0; b < n_blocks; ++b) {
         auto blk = std::make_unique<emu_block>();
-        if (b % emu_cluster == 0) {
-            cl_bars.push_back(std::make_unique<emu_bar>());
-            cl_bars.back()->n = emu_cluster*n_threads;
-        }
-        blk->cl_bar = cl_bars.back().get();
-        emu_blocks.push_back(blk.get());
         blk->bar.n = n_threads;
         blk->warp_bar.resize(n_threads/WARP_SIZE);
         for (auto & w : blk->warp_bar) w.n = WARP_SIZE;
@@ -308,10 +271,8 @@ bool emu_launch(void (*kernel)(const A), const A & args, unsigned n_blocks, unsi
         idle_passes = emu_progress == before ? idle_passes + 1 : 0;
         if (idle_passes >= 16 && left > 0) {
             fprintf(stderr, "cuda_emu: deadlock in %s: %zu of %zu threads can never continue\n", name, left, fibers.size());
-            emu_blocks.clear();
             return false;
         }
     }
-    emu_blocks.clear();
     return true;
 }

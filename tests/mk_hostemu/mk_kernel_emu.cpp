@@ -11,10 +11,8 @@
 // `--stages N`: at most N weight stages per warp (3 by default, as on the GPU; LLAMA_MEGAKERNEL_STAGES there).
 // `--vs-default` (with --variant): every step also runs the default kernel (no variant bits) on a second set of KV caches;
 // logits, hidden rows and both caches must be bitwise equal after every step (what test-mk --variant checks on a GPU).
-// `--blocks N`: the grid (2 by default); `--cluster C`: blocks per cluster where the variant has GGML_MK_VAR_CLUSTER_STAGE
-// (2 by default, as the host's default; it must divide the grid); that variant also checks verify steps of 2, 3, 5 and 8.
-// `--slow-block B`: block B runs only every 8th pass of the emulation's scheduler, so the others run ahead of it up to
-// the next barrier they share (a missing cluster barrier between two passes of a mat-vec shows).
+// `--blocks N`: the grid (2 by default). `--slow-block B`: block B runs only every 8th pass of the emulation's scheduler,
+// so the others run ahead of it up to the next barrier they share.
 // `--gemma3`: the other shape of the plan (mk_ref.h: Q scaled after rope, no V norm, V = K projection on the global layer,
 // no per-layer inputs).
 // The model, the reference and the checks are shared with the Metal kernel's test (mk_ref.h).
@@ -42,7 +40,7 @@ int main(int argc, char ** argv) {
     int ns_max = MK_NS_MIN;
     int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;   // 2 columns of 256 values
     bool vs_default = false, gemma3 = false;
-    int n_blocks = 2, cluster = 2;
+    int n_blocks = 2;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--planted") {
@@ -59,13 +57,11 @@ int main(int argc, char ** argv) {
             gemma3 = true;
         } else if (a == "--blocks" && i + 1 < argc) {
             n_blocks = atoi(argv[++i]);
-        } else if (a == "--cluster" && i + 1 < argc) {
-            cluster = atoi(argv[++i]);
         } else if (a == "--slow-block" && i + 1 < argc) {
             emu_slow_block = atoi(argv[++i]);
         } else {
             fprintf(stderr, "usage: %s [--planted] [--variant BITS] [--vs-default] [--gemma3] [--smem BYTES] [--stages N] "
-                    "[--blocks N] [--cluster C] [--slow-block B]\n", argv[0]);
+                    "[--blocks N] [--slow-block B]\n", argv[0]);
             return 2;
         }
     }
@@ -167,8 +163,6 @@ int main(int argc, char ** argv) {
         }
         a.bulk = (M_.debug_flags & GGML_MK_VAR_CP_ASYNC) ? 0 : 1;   // (as ggml_cuda_mk_create on an sm_90 device)
         emu_bulk_engine = a.bulk != 0;   // (0x2000: as an sm_80..89 device, which has no bulk copy engine)
-        // (0x1000000: launched in clusters, as ggml_cuda_mk_create does for it)
-        emu_cluster = (M_.debug_flags & GGML_MK_VAR_CLUSTER_STAGE) ? cluster : 1;
         if (!emu_launch(mk_decode_kernel, a, n_blocks, MK_THREADS, smem, "mk_decode_kernel")) {
             printf("FAIL deadlock in mk_decode_kernel\n");
             exit(1);
@@ -204,10 +198,7 @@ int main(int argc, char ** argv) {
     // bound: the Q4_0/Q8_0 mat-vecs round their inputs to 8 bits; the reference rounds its own (float64)
     // inputs, and an input within a last-bit difference of a rounding boundary lands on the other step
     // now and then (~1e-6); a wrong lane mapping, block or barrier costs >= 1e-3
-    int fails = check(mm, run, 1e-5, (variant & GGML_MK_VAR_CLUSTER_STAGE) ? std::vector<int>{ 2, 3, 4, 5, 8 } : std::vector<int>{ 4 });
-    if (variant & GGML_MK_VAR_CLUSTER_STAGE) {
-        printf("launched in clusters of %d blocks (grid %d)\n", cluster, n_blocks);
-    }
+    int fails = check(mm, run, 1e-5, { 4 });
     if (variant & GGML_MK_VAR_FOLD_HEADS) {
         printf("heads folded into the attention: %d of %d layer steps (the others kept the heads phase)\n", n_fold, n_layer_steps);
     }
