@@ -84,23 +84,27 @@ def test_weight_decoding_emulation_can_fail(tmp_path, cpu_build, old, new, type_
 
 
 KERNEL_EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_kernel_emu.cpp"
+STAGE_EMU = KERNEL_EMU.parent / "mk_stage_emu.cpp"
 
 
-def _build_kernel_emu(exe: Path, cpu_build: Path, first_inc: Path | None = None) -> Path:
-    """the kernel emulation; first_inc: a directory searched first for mk-kernel.cuh (a mutated copy)"""
+def _build_kernel_emu(exe: Path, cpu_build: Path, first_inc: Path | None = None, source: Path = KERNEL_EMU,
+                      sb: int = 3) -> Path:
+    """the kernel emulation (or source: another program on the kernel's source); first_inc: a directory searched first
+    for mk-kernel.cuh (a mutated copy); sb: MK_SB, the staging's load batch (the GPU's is 2: the emulation's 3 by default,
+    so that its batches differ from the code made for up to 4 columns)"""
     src = source_tree(cpu_build)
     lib = cpu_build / "bin"
     inc = [f"-I{first_inc}"] if first_inc else []
-    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", "-DMK_SB=3", "-DMK_SB_DEEP_V=2", *inc,
+    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", f"-DMK_SB={sb}", *inc,
            f"-I{src}/ggml/include",
-           f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{KERNEL_EMU.parent}", str(KERNEL_EMU), "-o", str(exe),
+           f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{KERNEL_EMU.parent}", str(source), "-o", str(exe),
            f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"compiling the kernel emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
     return exe
 
 
-def _mutated_kernel_emu(tmp_path: Path, cpu_build: Path, old: str, new: str) -> Path:
+def _mutated_kernel_emu(tmp_path: Path, cpu_build: Path, old: str, new: str, source: Path = KERNEL_EMU) -> Path:
     """the kernel emulation built with a planted bug: mk-kernel.cuh with old (present exactly once) replaced by new"""
     kernel = MK / "cuda" / "mk-kernel.cuh"
     text = kernel.read_text()
@@ -108,7 +112,7 @@ def _mutated_kernel_emu(tmp_path: Path, cpu_build: Path, old: str, new: str) -> 
     mut = tmp_path / "inc"
     mut.mkdir()
     (mut / kernel.name).write_text(text.replace(old, new, 1))
-    return _build_kernel_emu(tmp_path / "mk_kernel_emu", cpu_build, first_inc=mut)
+    return _build_kernel_emu(tmp_path / source.stem, cpu_build, first_inc=mut, source=source)
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +150,9 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # orders hand every mat-vec's rows (and the packed tiles, the gate/up pairs, the q/k/v job boundaries) to other warps
 # 0x400000: GGML_MK_VAR_WIDE_M (verify batches of 2..4 tokens through the any-batch code, MK_M columns, before the code
 # made for at most MK_MC_SMALL = 4): bitwise the default's; the emulation's verify M=4 takes the small code by default
-# 0x800000: GGML_MK_VAR_DEEP_STAGE (the small code's staging with every column's rms loads in flight at once; the
-# emulation's value batches 2 slots, MK_SB_DEEP_V, against the default's 3): bitwise the default's
+# 0x800000: GGML_MK_VAR_COL_STAGE (a small verify batch staged slot by slot over every column, mk_stage_cols): bitwise the
+# default's (the model's K <= 512 gives one slot per thread: test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths
+# takes the wider rows)
 # slow: 3 blocks, block 1 running only every 8th pass of the emulation's scheduler (the others run ahead of it to the
 # next barrier they share: a phase that reads what another block has not written yet shows)
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
@@ -233,20 +238,42 @@ def test_cuda_kernel_on_host_small_batch_code_planted_bug_fails(tmp_path, cpu_bu
         f"variant 0x400000 still runs the small-batch code:\n{r.stdout[-3000:]}"
 
 
-def test_cuda_kernel_on_host_deep_staging_planted_bug_fails(tmp_path, cpu_build):
-    """variant 0x800000 (GGML_MK_VAR_DEEP_STAGE) must take the deeper load batches in the verify step of M = 4 (the
-    emulation builds them as 12 slots for the rms round, 2 for the values, against the default's 3 and 3), else its
-    bitwise comparison with the default compares the default with itself: a planted bug in the deep rms round only
-    (its second slot's square left out of the sum) passes the default run and fails the variant's"""
-    old = "            for (int b = 0; b < SBR; ++b) {\n                if (i0 + b < NI) {"
-    new = "            for (int b = 0; b < SBR; ++b) {\n                if (i0 + b < NI && (SBR == MK_SB || b != 1)) {"
+def test_cuda_kernel_on_host_col_staging_planted_bug_fails(tmp_path, cpu_build):
+    """variant 0x800000 (GGML_MK_VAR_COL_STAGE) must take mk_stage_cols in the verify step of M = 4, else its bitwise
+    comparison with the default compares the default with itself: a planted bug there (column 1's values not scaled by
+    the norm vector) passes the default run and fails the variant's"""
+    old = "                ss[m] = mk_sq4(v, ss[m]);\n                v = mk_mul4(v, vn);"
+    new = "                ss[m] = mk_sq4(v, ss[m]);\n                v = m == 1 ? v : mk_mul4(v, vn);"
     exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
-        f"the planted bug reached the default kernel (the default's batches are MK_SB):\n{r.stdout[-3000:]}"
+        f"the planted bug reached the default kernel:\n{r.stdout[-3000:]}"
     r = subprocess.run([str(exe), "--variant", "0x800000", "--vs-default"], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and re.search(r"^FAIL (verify M=4|variant 0x800000)", r.stdout, re.M), \
-        f"a bug in the deep staging went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
+        f"a bug in mk_stage_cols went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
+
+
+@pytest.mark.parametrize("sb", [2, 3])
+def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cpu_build, sb):
+    """mk_stage_cols (GGML_MK_VAR_COL_STAGE) against mk_stage at K = 2560, 4096, 10240 (several slots per thread: the
+    separate rms round, rounds of several slots), 256 and 2304 (threads without a slot), every staging mode, 2..4
+    columns; MK_SB 2 (the GPU's) and 3: every staged byte and row equal"""
+    exe = _build_kernel_emu(tmp_path / "mk_stage_emu", cpu_build, source=STAGE_EMU, sb=sb)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    print(r.stdout[-2000:])
+    assert r.returncode == 0 and re.search(r"^OK staging slot by slot .*: 0 of 90 cases differ", r.stdout, re.M), \
+        r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_cuda_staging_slot_by_slot_planted_bug_fails(tmp_path, cpu_build):
+    """the widths test must catch a bug the kernel emulation's K <= 512 cannot: the separate rms round of mk_stage_cols
+    taking only each thread's first slot (a row of K <= 2048 has one)"""
+    old = "                v[m] = m < Mc && f < F4 ? mk_ldcg4((const float4 *) (x.res_h"
+    new = "                v[m] = m < Mc && f < F4 && j == 0 ? mk_ldcg4((const float4 *) (x.res_h"
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=STAGE_EMU)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and re.search(r"^FAIL K=(2560|4096|10240|2304) residual", r.stdout, re.M), \
+        f"a bug in the rms round of several slots went unnoticed:\n{r.stdout[-3000:]}"
 
 
 # planted bugs in the heads fold (GGML_MK_VAR_FOLD_HEADS), run where every layer step folds: the step's new K/V rows not

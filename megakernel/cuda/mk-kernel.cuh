@@ -412,7 +412,7 @@ struct mk_mvr {
     int   pair, units, norm;
     int   spread;   // units dealt block by block (mk_it_first), unless GGML_MK_VAR_BLOCK_UNITS
     int   small;    // steps of 2..MK_MC_SMALL tokens run mk_mv_run<MK_MC_SMALL>, unless GGML_MK_VAR_WIDE_M (0); 2: with
-                    // the staging's deeper load batches (GGML_MK_VAR_DEEP_STAGE)
+                    // the staging slot by slot over every column (GGML_MK_VAR_COL_STAGE)
 };
 
 // field f of job j (0..2) of R
@@ -431,7 +431,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.pair  = mv.pair;
     R.norm  = mv.norm;
     R.spread = (flags & GGML_MK_VAR_BLOCK_UNITS) == 0;
-    R.small  = (flags & GGML_MK_VAR_WIDE_M) ? 0 : (flags & GGML_MK_VAR_DEEP_STAGE) ? 2 : 1;
+    R.small  = (flags & GGML_MK_VAR_WIDE_M) ? 0 : (flags & GGML_MK_VAR_COL_STAGE) ? 2 : 1;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -761,16 +761,6 @@ MK_DEVICE int mk_kg(int K) {
 #ifndef MK_SB
 #define MK_SB 2
 #endif
-// GGML_MK_VAR_DEEP_STAGE's load batches for steps of 2..MK_MC_SMALL tokens (mk_stage's SBR and SBV): every column's
-// slots of the rms round at once; the values MK_SB slots at a time as before (2*MK_SB: mk_stage<4, 8, 4> spilled 99
-// times, 77 in loops, against 27 / 12, ptxas of CUDA 12.8 for sm_90; the host emulation sets SBV = 2 against its
-// MK_SB = 3, so that the value batches differ from the default's there too)
-#ifndef MK_SB_DEEP_R
-#define MK_SB_DEEP_R (MK_SB*MK_MC_SMALL)
-#endif
-#ifndef MK_SB_DEEP_V
-#define MK_SB_DEEP_V MK_SB
-#endif
 
 MK_DEVICE float4 mk_f4(float a, float b, float c, float d) {
     float4 r;
@@ -793,6 +783,37 @@ MK_DEVICE float4 mk_mul4(const float4 & a, const float4 & b) {
 
 MK_DEVICE float4 mk_scale4(const float4 & a, float s) {
     return mk_f4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
+}
+
+// a staging item's arithmetic, one copy for mk_stage and mk_stage_cols: slot f of column mm's inputs: va from x.a, vb from
+// x.b (GEGLU) or the pending residual's h (zeros where !ok) ...
+MK_DEVICE void mk_stage_ld(const mk_xin & x, size_t mm, int f, bool ok, float4 & va, float4 & vb) {
+    const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
+    const bool gl  = x.mode == MK_X_GEGLU;
+    const bool res = x.res_h != nullptr;
+    va = ok ? mk_ldcg4((const float4 *) (x.a + mm*x.lda) + f) : z4;
+    vb = ok && gl  ? mk_ldcg4((const float4 *) (x.b + mm*x.ldb) + f)
+       : ok && res ? mk_ldcg4((const float4 *) (x.res_h + mm*x.lda) + f) : z4;
+}
+
+// ... and the slot's value: gelu(a)*b, or the residual step (a + h*rms(h)*res_nw)*res_scale (rh = rms(h), vw = res_nw's
+// slot), or a
+MK_DEVICE float4 mk_stage_val(const mk_xin & x, const float4 & va, const float4 & vb, const float4 & vw, float rh) {
+    if (x.mode == MK_X_GEGLU) {
+        return mk_f4(__fmul_rn(mk_gelu(va.x), vb.x), __fmul_rn(mk_gelu(va.y), vb.y),
+                     __fmul_rn(mk_gelu(va.z), vb.z), __fmul_rn(mk_gelu(va.w), vb.w));
+    }
+    if (x.res_h != nullptr) {
+        const float4 hn = mk_mul4(mk_scale4(vb, rh), vw);
+        return mk_scale4(mk_f4(__fadd_rn(va.x, hn.x), __fadd_rn(va.y, hn.y), __fadd_rn(va.z, hn.z), __fadd_rn(va.w, hn.w)),
+                         x.res_scale);
+    }
+    return va;
+}
+
+// where slot f of column m sits in the staged values (MK_XS_GROUP bytes per 32-value group)
+MK_DEVICE float4 * mk_stage_xs(float * xs, int m, int KG, int f) {
+    return (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
 }
 
 // f(m) for each column m < Mc of a pass (Mc <= MC): for MC <= MK_MC_SMALL unrolled, so that per-column arrays
@@ -918,8 +939,8 @@ MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_T
 // every phase runs it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1:
 // one-token steps; MK_MC_SMALL: small verify batches, both with the per-column values in registers; MK_M: any
 // batch); a column's arithmetic is the same in all. SBR / SBV: the slots per thread whose loads are in flight at once in
-// the pending residual's rms round / in the values' round (MK_SB each by default; GGML_MK_VAR_DEEP_STAGE: deeper for
-// small verify batches, see mk_mv_run); the same items in the same order and the same sums, so the same bits.
+// the pending residual's rms round / in the values' round (MK_SB each); the same items in the same order and the same
+// sums would give the same bits with other batches.
 // the block sums' scratch of mk_stage: one array for all its instances (a static array in each would be one more block
 // of static shared memory per instance, held by every block of the launch and taken from the dynamic region; session
 // 20 measured the one array against one per instance: no difference in speed, A/B)
@@ -988,10 +1009,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             fb[b] = f;
             mk_item_next(it, t, fe);
             const bool ok = i < NI && f < F4;
-            const size_t mm = (size_t) (m0 + mb[b]);
-            va[b] = ok ? mk_ldcg4((const float4 *) (x.a + mm*x.lda) + f) : z4;
-            vb[b] = ok && gl  ? mk_ldcg4((const float4 *) (x.b + mm*x.ldb) + f)
-                  : ok && res ? mk_ldcg4((const float4 *) (x.res_h + mm*x.lda) + f) : z4;
+            mk_stage_ld(x, (size_t) (m0 + mb[b]), f, ok, va[b], vb[b]);
             vw[b] = ok && res  ? ((const float4 *) x.res_nw)[f] : z4;
             vn[b] = ok && x.nw ? ((const float4 *) x.nw)[f] : z4;
         }
@@ -1019,17 +1037,9 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int m = mb[b];
             const int f = fb[b];
             const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
-            float4 v = va[b];
-            if (gl) {
-                v = mk_f4(__fmul_rn(mk_gelu(v.x), vb[b].x), __fmul_rn(mk_gelu(v.y), vb[b].y),
-                          __fmul_rn(mk_gelu(v.z), vb[b].z), __fmul_rn(mk_gelu(v.w), vb[b].w));
-            } else if (res) {
-                const float4 hn = mk_mul4(mk_scale4(vb[b], mk_col_get<MC>(rh, m)), vw[b]);
-                v = mk_scale4(mk_f4(__fadd_rn(v.x, hn.x), __fadd_rn(v.y, hn.y), __fadd_rn(v.z, hn.z), __fadd_rn(v.w, hn.w)),
-                              x.res_scale);
-                if (blockIdx.x == 0 && f < F4) {
-                    ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
-                }
+            float4 v = mk_stage_val(x, va[b], vb[b], vw[b], res && !gl ? mk_col_get<MC>(rh, m) : 0.0f);
+            if (res && !gl && blockIdx.x == 0 && f < F4) {
+                ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
             }
             if (x.nw) {
                 mk_col_set<MC>(ss, m, mk_sq4(v, mk_col_get<MC>(ss, m)));
@@ -1038,7 +1048,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             if (direct) {
                 mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
             } else if (ok) {
-                *(float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8)) = v;
+                *mk_stage_xs(xs, m, KG, f) = v;
             }
         }
     }
@@ -1064,7 +1074,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int m = MK_COL(it);
             const int f = it.f;
             const bool ok = f < F;
-            float4 * p = (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
+            float4 * p = mk_stage_xs(xs, m, KG, f);
             float4 v = ok ? *p : z4;
             if (x.nw) {
                 v = mk_scale4(v, mk_col_get<MC>(ss, m));
@@ -1083,6 +1093,152 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         mk_prof_at(prof, MK_PH_ST_Q8);
     }
 #undef MK_COL
+}
+
+// GGML_MK_VAR_COL_STAGE: mk_stage for a small verify batch (MC <= MK_MC_SMALL) slot by slot: each round of loads takes
+// this thread's slot j of every column at once (the norm vectors' slot once for all of them), and the columns are
+// compile-time indices (their sums and scales stay in registers, no selects), so a batch of Mc columns needs NJ dependent
+// round trips, not Mc*NJ/SBV, and the columns' 8-bit roundings (shuffles) interleave. A column's slots are still taken
+// in order j = 0, 1, ... by the same thread with mk_stage's arithmetic (mk_stage_ld, mk_stage_val, mk_q8_slot), and its
+// sums go through the same mk_block_sums: the same bits as mk_stage
+template <int MC>
+MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
+                                bool direct, unsigned long long * prof) {
+    static_assert(MC <= MK_MC_SMALL, "the columns in registers");
+    float * red = mk_stage_red();
+    const int  KG  = mk_kg(K);
+    const int  F   = KG*8;                                  // slots per column, padding included
+    const int  F4  = K/4;                                   // slots with values
+    const int  NJ  = (F + MK_THREADS - 1)/MK_THREADS;      // slots per thread per column
+    const int  t   = threadIdx.x;
+    const bool res = x.res_h != nullptr;
+    const bool gl  = x.mode == MK_X_GEGLU;
+    const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
+    float ss[MC];
+    float rh[MC];
+    // every slot in one round (NJ == 1): the pending residual's rms is taken from that round's loads
+    const bool one = NJ == 1;
+
+    if (res && !one) {
+        MK_UNROLL
+        for (int m = 0; m < MC; ++m) {
+            ss[m] = 0.0f;
+        }
+#pragma unroll 1
+        for (int j = 0; j < NJ; ++j) {
+            const int f = t + j*MK_THREADS;
+            float4 v[MC];
+            MK_UNROLL
+            for (int m = 0; m < MC; ++m) {
+                v[m] = m < Mc && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
+            }
+            MK_UNROLL
+            for (int m = 0; m < MC; ++m) {
+                ss[m] = mk_sq4(v[m], ss[m]);
+            }
+        }
+        mk_block_sums<MC>(ss, Mc, red);
+        MK_UNROLL
+        for (int m = 0; m < MC; ++m) {
+            rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
+        }
+        mk_prof_at(prof, MK_PH_ST_RMS);
+    }
+
+    MK_UNROLL
+    for (int m = 0; m < MC; ++m) {
+        ss[m] = 0.0f;
+    }
+#pragma unroll 1
+    for (int j = 0; j < NJ; ++j) {
+        const int f = t + j*MK_THREADS;
+        const bool okv = f < F4;
+        const bool ok  = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
+        float4 va[MC], vb[MC];
+        MK_UNROLL
+        for (int m = 0; m < MC; ++m) {   // every load of the round first
+            mk_stage_ld(x, (size_t) (m0 + m), f, m < Mc && okv, va[m], vb[m]);
+        }
+        const float4 vw = okv && res  ? ((const float4 *) x.res_nw)[f] : z4;
+        const float4 vn = okv && x.nw ? ((const float4 *) x.nw)[f] : z4;
+        if (res && one) {
+            MK_UNROLL
+            for (int m = 0; m < MC; ++m) {
+                ss[m] = mk_sq4(vb[m], ss[m]);
+            }
+            mk_block_sums<MC>(ss, Mc, red);
+            MK_UNROLL
+            for (int m = 0; m < MC; ++m) {
+                rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
+                ss[m] = 0.0f;
+            }
+            mk_prof_at(prof, MK_PH_ST_RMS);
+        }
+        MK_UNROLL
+        for (int m = 0; m < MC; ++m) {
+            if (m >= Mc) {
+                continue;
+            }
+            float4 v = mk_stage_val(x, va[m], vb[m], vw, res && !gl ? rh[m] : 0.0f);
+            if (res && !gl && blockIdx.x == 0 && okv) {
+                ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
+            }
+            if (x.nw) {
+                ss[m] = mk_sq4(v, ss[m]);
+                v = mk_mul4(v, vn);
+            }
+            if (direct) {
+                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+            } else if (ok) {
+                *mk_stage_xs(xs, m, KG, f) = v;
+            }
+        }
+    }
+    mk_prof_at(prof, MK_PH_ST_LOAD);
+    if (direct) {
+        __syncthreads();
+        return;
+    }
+    if (x.nw) {
+        mk_block_sums<MC>(ss, Mc, red + MK_WARPS*MK_M);
+        MK_UNROLL
+        for (int m = 0; m < MC; ++m) {
+            ss[m] = 1.0f/sqrtf(ss[m]/K + eps);
+        }
+    } else {
+        __syncthreads();
+    }
+    mk_prof_at(prof, MK_PH_ST_NORM);
+
+    if (x.nw || q8) {
+#pragma unroll 1
+        for (int j = 0; j < NJ; ++j) {
+            const int f = t + j*MK_THREADS;
+            const bool ok = f < F;
+            MK_UNROLL
+            for (int m = 0; m < MC; ++m) {
+                if (m >= Mc) {
+                    continue;
+                }
+                float4 * p = mk_stage_xs(xs, m, KG, f);
+                float4 v = ok ? *p : z4;
+                if (x.nw) {
+                    v = mk_scale4(v, ss[m]);
+                    if (ok) {
+                        *p = v;
+                    }
+                    if (x.nw_out && blockIdx.x == 0 && f < F4) {
+                        ((float4 *) (x.nw_out + (size_t) (m0 + m)*K))[f] = v;
+                    }
+                }
+                if (q8) {
+                    mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+                }
+            }
+        }
+        __syncthreads();
+        mk_prof_at(prof, MK_PH_ST_Q8);
+    }
 }
 
 MK_DEVICE unsigned mk_u32_2a(const uint8_t * p) { // 4 bytes at a 2-byte aligned address
@@ -1200,9 +1356,9 @@ MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, co
 // what it returned as fe0, unless late (GGML_MK_VAR_LATE_BEGIN: this function issues them after the staging).
 // MC: the bound of M the code is made for (1: one-token steps, no per-column loops; MK_MC_SMALL: verify batches of
 // up to 4; MK_M: any batch); a column's arithmetic is the same in all, so a verify batch still equals its one-token
-// steps bit for bit. DEEP: the staging's deeper load batches (GGML_MK_VAR_DEEP_STAGE: its own instance of this
-// function, so that the default's code and register allocation stay as they were)
-template <int MC, bool DEEP = false>
+// steps bit for bit. COLS: the staging slot by slot over every column (GGML_MK_VAR_COL_STAGE, mk_stage_cols: its own
+// instance of this function, so that the default's code and register allocation stay as they were)
+template <int MC, bool COLS = false>
 MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps, float * xs, int xs_bytes, int xq_bytes,
                             uint8_t * ws, int ns, mk_bulk * bk, unsigned long long * prof, bool late, const mk_it & fe0) {
     if ((x.nw != nullptr) != (R.norm != 0)) {
@@ -1238,8 +1394,11 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
         if (m0 > 0 && !late) {
             fe = mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
-        mk_stage<MC, DEEP ? MK_SB_DEEP_R : MK_SB, DEEP ? MK_SB_DEEP_V : MK_SB>(x, K, m0, Mc, eps, xs, xq, q8, direct,
-                                                                             m0 == 0 ? prof : nullptr);
+        if constexpr (COLS && MC <= MK_MC_SMALL) {
+            mk_stage_cols<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+        } else {
+            mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+        }
         if (late) {
             fe = mk_mv_begin(R, ws, ns, bk);  // (GGML_MK_VAR_LATE_BEGIN: the first tiles only now; the staging ended with a block barrier)
         }

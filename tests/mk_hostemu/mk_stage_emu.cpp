@@ -1,0 +1,134 @@
+// Host emulation of the CUDA megakernel's staging of a small verify batch (megakernel/cuda/mk-kernel.cuh through
+// cuda_emu.h) at E4B's widths: mk_stage<MK_MC_SMALL> (the default) against mk_stage_cols<MK_MC_SMALL>
+// (GGML_MK_VAR_COL_STAGE) on the same random inputs, one block. The kernel emulation's tiny model has K <= 512, one slot
+// per thread and column; here K = 2560, 4096, 10240 (2, 2, 5 slots per thread) and 256 and 2304 (some threads without a
+// slot) take the rounds of several slots, the pending residual's separate rms round and its one-round form. Every staged
+// byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal bitwise. Prints OK/FAIL
+// per case, exits 1 on any failure.
+#define GGML_COMMON_DECL_C
+#define GGML_COMMON_IMPL_C
+#include "ggml-common.h"
+
+#include "cuda_emu.h"
+#define MK_ATT_GROUP 3
+#include "mk-kernel.cuh"
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+struct stage_args {
+    mk_xin x;
+    int    K, Mc, cols;   // cols: mk_stage_cols, else mk_stage
+    bool   q8, direct;
+    int    xs_bytes;
+    float  eps;
+    char * out;          // the block's staged region after the staging
+    int    out_bytes;
+};
+
+static void stage_kernel(const stage_args a) {
+    MK_SHARED_DYN(char, smem);
+    float   * xs = (float *) smem;
+    uint8_t * xq = a.direct ? (uint8_t *) xs : (uint8_t *) smem + a.xs_bytes;
+    if (a.cols) {
+        mk_stage_cols<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
+    } else {
+        mk_stage<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < a.out_bytes; i += MK_THREADS) {
+        a.out[i] = smem[i];
+    }
+}
+
+int main() {
+    std::mt19937 rng(20261204);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto rnd = [&](size_t n, float s) {
+        std::vector<float> v(n);
+        for (float & e : v) e = s*nd(rng);
+        return v;
+    };
+    // modes: 0 plain + norm, 8-bit (q/k/v, LM head); 1 pending residual + norm, 8-bit (gate/up after the attention);
+    // 2 pending residual, no norm, direct (per-layer gate); 3 GEGLU, direct (per-layer proj); 4 plain, no norm, direct
+    // (o proj, down); 5 pending residual + norm, values only (a mat-vec of types without 8-bit inputs)
+    const char * names[] = { "plain+norm q8", "residual+norm q8", "residual direct", "geglu direct", "plain direct",
+                             "residual+norm values" };
+    const int Ks[] = { 2560, 4096, 10240, 256, 2304 };
+    int fails = 0, cases = 0;
+    for (int K : Ks) {
+        for (int mode = 0; mode < 6; ++mode) {
+            for (int Mc = 2; Mc <= MK_MC_SMALL; ++Mc) {
+                const int KG = mk_kg(K);
+                const int lda = K + 8, ldb = K + 4;   // (row strides wider than K, multiples of 4)
+                std::vector<float> A = rnd((size_t) Mc*lda, 1.0f), Bv = rnd((size_t) Mc*ldb, 1.0f), H = rnd((size_t) Mc*lda, 3.0f);
+                std::vector<float> NW = rnd(K, 0.5f), RNW = rnd(K, 0.7f);
+                std::vector<float> outs[2][2];   // [run][res_out, nw_out]
+                std::vector<char> staged[2];
+                for (int run = 0; run < 2; ++run) {
+                    outs[run][0].assign((size_t) Mc*lda, -7.0f);
+                    outs[run][1].assign((size_t) Mc*K, -7.0f);
+                    mk_xin x = {};
+                    x.mode = mode == 3 ? MK_X_GEGLU : MK_X_PLAIN;
+                    x.a = A.data(); x.lda = lda;
+                    x.b = Bv.data(); x.ldb = ldb;
+                    const bool res = mode == 1 || mode == 2 || mode == 5;
+                    x.res_h = res ? H.data() : nullptr;
+                    x.res_nw = res ? RNW.data() : nullptr;
+                    x.res_scale = 0.75f;
+                    x.res_out = outs[run][0].data();
+                    const bool nw = mode == 0 || mode == 1 || mode == 5;
+                    x.nw = nw ? NW.data() : nullptr;
+                    x.nw_out = nw ? outs[run][1].data() : nullptr;
+                    stage_args a = {};
+                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run;
+                    a.q8 = mode != 5; a.direct = mode == 2 || mode == 3 || mode == 4;
+                    a.eps = 1e-6f;
+                    a.xs_bytes = a.direct ? 0 : MK_MC_SMALL*KG*(int) MK_XS_GROUP;
+                    const int xq_bytes = MK_MC_SMALL*KG*MK_XQ_REC;
+                    a.out_bytes = a.direct ? xq_bytes : a.xs_bytes + xq_bytes;
+                    staged[run].assign(a.out_bytes, 0);
+                    a.out = staged[run].data();
+                    if (!emu_launch(stage_kernel, a, 1, MK_THREADS, a.out_bytes, "stage_kernel")) {
+                        printf("FAIL K=%d %s Mc=%d: deadlock\n", K, names[mode], Mc);
+                        return 1;
+                    }
+                }
+                // only the bytes the staging defines: the columns' values (xs, where the mat-vec reads them) and
+                // records; the shared memory's unused columns keep the poison of the emulation in both runs
+                bool same = true;
+                for (int m = 0; m < Mc; ++m) {
+                    const size_t xs0 = (size_t) m*KG*MK_XS_GROUP, xq0 = (size_t) m*KG*MK_XQ_REC;
+                    const int xsb = mode == 4 || mode == 2 || mode == 3 ? 0 : KG*(int) MK_XS_GROUP;
+                    for (int g = 0; g < KG && xsb; ++g) {   // 32 values of each 36-float group (4 floats of padding)
+                        same = same && memcmp(&staged[0][xs0 + g*MK_XS_GROUP], &staged[1][xs0 + g*MK_XS_GROUP], 32*sizeof(float)) == 0;
+                    }
+                    if (mode != 5) {
+                        const size_t q0 = (mode == 2 || mode == 3 || mode == 4 ? 0 : (size_t) MK_MC_SMALL*KG*MK_XS_GROUP) + xq0;
+                        for (int g = 0; g < KG; ++g) {   // 32 quants, d, sum of q
+                            same = same && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[1][q0 + g*MK_XQ_REC], 40) == 0;
+                        }
+                    }
+                }
+                same = same && memcmp(outs[0][0].data(), outs[1][0].data(), outs[0][0].size()*sizeof(float)) == 0;
+                same = same && memcmp(outs[0][1].data(), outs[1][1].data(), outs[0][1].size()*sizeof(float)) == 0;
+                // the staging wrote something: a run that left everything alone would compare equal too
+                size_t n_set = 0;   // bytes the staging changed from the emulation's poison (0x7f)
+                for (char c : staged[0]) n_set += c != 0x7f;
+                const bool wrote = n_set > staged[0].size()/4 && (!(mode == 1 || mode == 2 || mode == 5) || outs[0][0][0] != -7.0f) &&
+                                   (!(mode == 0 || mode == 1 || mode == 5) || outs[0][1][0] != -7.0f);
+                ++cases;
+                if (!same || !wrote) {
+                    ++fails;
+                    printf("FAIL K=%d %s Mc=%d: mk_stage_cols %s\n", K, names[mode], Mc,
+                           !wrote ? "and mk_stage wrote nothing" : "differs bitwise from mk_stage");
+                }
+            }
+        }
+    }
+    printf("%s staging slot by slot (mk_stage_cols) == mk_stage bitwise: %d of %d cases differ (K = 2560, 4096, 10240, "
+           "256, 2304; 6 modes; 2..%d columns)\n", fails ? "FAIL" : "OK", fails, cases, MK_MC_SMALL);
+    return fails ? 1 : 0;
+}
