@@ -155,13 +155,11 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_WIDE_M            0x400000 // (before) steps of 2..4 tokens (verify batches of k <= 3) through the mat-vec and
                                               // staging code made for any batch (MK_M columns: the per-column sums of squares
                                               // and norms indexed at run time, in local memory), not the code for at most 4
-#define GGML_MK_VAR_COL_STAGE         0x800000 // (candidate) steps of 2..4 tokens stage their inputs slot by slot over every column
-                                              // (mk_stage_cols: each round of loads takes a thread's slot of every column, the
-                                              // columns compile-time indices): a verify batch of 4 on E4B's hidden size needs 2
-                                              // dependent L2 round trips for its values instead of 4, and the columns' 8-bit
-                                              // roundings interleave; each column's slots in the same order, the same sums:
-                                              // the same bits (no effect with 0x400000). Session 22's 0x800000 (the rms loads of
-                                              // every column at once, values as before) measured no gain and was replaced
+#define GGML_MK_VAR_ITEM_STAGE        0x800000 // (before) steps of 2..4 tokens stage their inputs item by item (mk_stage: a column's
+                                              // slots, then the next column's, MK_SB items per round of loads, the column
+                                              // selected from registers at run time), not slot by slot over every column
+                                              // (mk_stage_cols, session 26: verify of 3 0.963x, of 4 0.945x); the same bits
+                                              // (no effect with 0x400000)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -150,9 +150,9 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # orders hand every mat-vec's rows (and the packed tiles, the gate/up pairs, the q/k/v job boundaries) to other warps
 # 0x400000: GGML_MK_VAR_WIDE_M (verify batches of 2..4 tokens through the any-batch code, MK_M columns, before the code
 # made for at most MK_MC_SMALL = 4): bitwise the default's; the emulation's verify M=4 takes the small code by default
-# 0x800000: GGML_MK_VAR_COL_STAGE (a small verify batch staged slot by slot over every column, mk_stage_cols): bitwise the
-# default's (the model's K <= 512 gives one slot per thread: test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths
-# takes the wider rows)
+# 0x800000: GGML_MK_VAR_ITEM_STAGE (before: a small verify batch staged item by item, mk_stage, not slot by slot over every
+# column, mk_stage_cols): bitwise the default's (the model's K <= 512 gives one slot per thread:
+# test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths takes the wider rows)
 # slow: 3 blocks, block 1 running only every 8th pass of the emulation's scheduler (the others run ahead of it to the
 # next barrier they share: a phase that reads what another block has not written yet shows)
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
@@ -226,36 +226,39 @@ def test_cuda_kernel_on_host_one_missing_grid_barrier_fails_on_the_slow_schedule
 
 
 def test_cuda_kernel_on_host_small_batch_code_planted_bug_fails(tmp_path, cpu_build):
-    """the verify step of M = 4 must take the code made for up to MK_MC_SMALL columns by default, and variant 0x400000
-    must not (else the 0x400000 run's bitwise comparison compares the any-batch code with itself): a planted bug in
-    that code (every column reads column 0's sum of squares / 1/rms) fails the default run and passes 0x400000's"""
-    exe = _mutated_kernel_emu(tmp_path, cpu_build, "r = c == m ? v[c] : r;", "r = v[0];")
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
-    assert r.returncode != 0 and re.search(r"^FAIL verify M=4", r.stdout, re.M), \
-        f"a bug in the small-batch code went unnoticed (does verify M=4 still take it?):\n{r.stdout[-3000:]}"
-    r = subprocess.run([str(exe), "--variant", "0x400000"], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
-        f"variant 0x400000 still runs the small-batch code:\n{r.stdout[-3000:]}"
-
-
-def test_cuda_kernel_on_host_col_staging_planted_bug_fails(tmp_path, cpu_build):
-    """variant 0x800000 (GGML_MK_VAR_COL_STAGE) must take mk_stage_cols in the verify step of M = 4, else its bitwise
-    comparison with the default compares the default with itself: a planted bug there (column 1's values not scaled by
-    the norm vector) passes the default run and fails the variant's"""
+    """the verify step of M = 4 must take the code made for up to MK_MC_SMALL columns by default (mk_mv_run<4> with the
+    staging slot by slot over every column, mk_stage_cols), and variants 0x400000 (the any-batch code) and 0x800000 (the
+    item-by-item staging, mk_stage) must not, else their bitwise comparisons compare the default with itself: a planted
+    bug in mk_stage_cols (column 1's values not scaled by the norm vector) fails the default run and passes theirs"""
     old = "                ss[m] = mk_sq4(v, ss[m]);\n                v = mk_mul4(v, vn);"
     new = "                ss[m] = mk_sq4(v, ss[m]);\n                v = m == 1 ? v : mk_mul4(v, vn);"
     exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL verify M=4", r.stdout, re.M), \
+        f"a bug in the small-batch code went unnoticed (does verify M=4 still take it?):\n{r.stdout[-3000:]}"
+    for variant in ("0x400000", "0x800000"):
+        r = subprocess.run([str(exe), "--variant", variant], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
+            f"variant {variant} still runs mk_stage_cols:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_item_staging_planted_bug_fails(tmp_path, cpu_build):
+    """variant 0x800000 (GGML_MK_VAR_ITEM_STAGE) must take the item-by-item staging (mk_stage<MK_MC_SMALL>, its columns
+    selected from registers at run time) in the verify step of M = 4, else its bitwise comparison with the default
+    compares the default with itself: a planted bug in that selection (every column reads column 0's sum of squares /
+    1/rms) passes the default run, which no longer selects, and fails the variant's"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, "r = c == m ? v[c] : r;", "r = v[0];")
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
-        f"the planted bug reached the default kernel:\n{r.stdout[-3000:]}"
+        f"the planted bug reached the default kernel (does it still select columns at run time?):\n{r.stdout[-3000:]}"
     r = subprocess.run([str(exe), "--variant", "0x800000", "--vs-default"], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and re.search(r"^FAIL (verify M=4|variant 0x800000)", r.stdout, re.M), \
-        f"a bug in mk_stage_cols went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
+        f"a bug in the item-by-item staging went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
 
 
 @pytest.mark.parametrize("sb", [2, 3])
 def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cpu_build, sb):
-    """mk_stage_cols (GGML_MK_VAR_COL_STAGE) against mk_stage at K = 2560, 4096, 10240 (several slots per thread: the
+    """mk_stage_cols (the default for 2..4 columns) against mk_stage (GGML_MK_VAR_ITEM_STAGE) at K = 2560, 4096, 10240 (several slots per thread: the
     separate rms round, rounds of several slots), 256 and 2304 (threads without a slot), every staging mode, 2..4
     columns; MK_SB 2 (the GPU's) and 3: every staged byte and row equal"""
     exe = _build_kernel_emu(tmp_path / "mk_stage_emu", cpu_build, source=STAGE_EMU, sb=sb)

@@ -1,6 +1,6 @@
 // Host emulation of the CUDA megakernel's staging of a small verify batch (megakernel/cuda/mk-kernel.cuh through
-// cuda_emu.h) at E4B's widths: mk_stage<MK_MC_SMALL> (the default) against mk_stage_cols<MK_MC_SMALL>
-// (GGML_MK_VAR_COL_STAGE) on the same random inputs, one block. The kernel emulation's tiny model has K <= 512, one slot
+// cuda_emu.h) at E4B's widths: mk_stage_cols<MK_MC_SMALL> (the default for 2..4 columns) against mk_stage<MK_MC_SMALL>
+// (GGML_MK_VAR_ITEM_STAGE) on the same random inputs, one block. The kernel emulation's tiny model has K <= 512, one slot
 // per thread and column; here K = 2560, 4096, 10240 (2, 2, 5 slots per thread) and 256 and 2304 (some threads without a
 // slot) take the rounds of several slots, the pending residual's separate rms round and its one-round form. Every staged
 // byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal bitwise. Prints OK/FAIL
