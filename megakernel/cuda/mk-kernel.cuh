@@ -412,7 +412,8 @@ struct mk_mvr {
     int   pair, units, norm;
     int   spread;   // units dealt block by block (mk_it_first), unless GGML_MK_VAR_BLOCK_UNITS
     int   small;    // steps of 2..MK_MC_SMALL tokens run mk_mv_run<MK_MC_SMALL>, unless GGML_MK_VAR_WIDE_M (0); 2: with
-                    // the staging slot by slot over every column (mk_stage_cols), 1: item by item (GGML_MK_VAR_ITEM_STAGE)
+                    // the staging slot by slot over every column (mk_stage_cols; steps of more: in groups of MK_MC_SMALL
+                    // columns), 1: item by item (mk_stage, GGML_MK_VAR_ITEM_STAGE)
 };
 
 // field f of job j (0..2) of R
@@ -1095,17 +1096,18 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 #undef MK_COL
 }
 
-// mk_stage for a small verify batch (MC <= MK_MC_SMALL) slot by slot: each round of loads takes
-// this thread's slot j of every column at once (the norm vectors' slot once for all of them), and the columns are
-// compile-time indices (their sums and scales stay in registers, no selects), so a batch of Mc columns needs NJ dependent
-// round trips, not Mc*NJ/SBV, and the columns' 8-bit roundings (shuffles) interleave. A column's slots are still taken
-// in order j = 0, 1, ... by the same thread with mk_stage's arithmetic (mk_stage_ld, mk_stage_val, mk_q8_slot), and its
-// sums go through the same mk_block_sums: the same bits as mk_stage. Measured on the H200 (E4B, session 26) against
-// mk_stage<MK_MC_SMALL> (now GGML_MK_VAR_ITEM_STAGE): verify of 3 tokens 0.963x, of 4 0.945x, of 2 0.997x
-template <int MC>
-MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
-                                bool direct, unsigned long long * prof) {
-    static_assert(MC <= MK_MC_SMALL, "the columns in registers");
+// mk_stage for a small verify batch (up to MK_MC_SMALL columns) slot by slot: each round of loads takes SJ consecutive
+// slots of this thread of every column at once (the norm vectors' slots once for all columns), and the columns are
+// compile-time indices (their sums and scales stay in registers, no selects), so a batch of Mc columns needs NJ/SJ
+// dependent round trips, not Mc*NJ/MK_SB, and the columns' 8-bit roundings (shuffles) interleave. MC*SJ <=
+// MK_MC_SMALL: the registers of up to 4 columns hold 2 slots of up to 2 (mk_stage_cols). A column's slots are still
+// taken in order j = 0, 1, ... by the same thread with mk_stage's arithmetic (mk_stage_ld, mk_stage_val, mk_q8_slot),
+// and its sums go through the same mk_block_sums: the same bits as mk_stage. Measured on the H200 (E4B, session 26)
+// against mk_stage<MK_MC_SMALL> (now GGML_MK_VAR_ITEM_STAGE), with SJ = 1: verify of 3 tokens 0.963x, of 4 0.945x
+template <int MC, int SJ>
+MK_DEVICE_FN void mk_stage_cols_body(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
+                                  bool direct, unsigned long long * prof) {
+    static_assert(MC*SJ <= MK_MC_SMALL, "the columns' slots in registers");
     float * red = mk_stage_red();
     const int  KG  = mk_kg(K);
     const int  F   = KG*8;                                  // slots per column, padding included
@@ -1117,8 +1119,8 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
     const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
     float ss[MC];
     float rh[MC];
-    // every slot in one round (NJ == 1): the pending residual's rms is taken from that round's loads
-    const bool one = NJ == 1;
+    // every slot in one round: the pending residual's rms is taken from that round's loads
+    const bool one = NJ <= SJ;
 
     if (res && !one) {
         MK_UNROLL
@@ -1126,16 +1128,22 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
             ss[m] = 0.0f;
         }
 #pragma unroll 1
-        for (int j = 0; j < NJ; ++j) {
-            const int f = t + j*MK_THREADS;
-            float4 v[MC];
+        for (int j0 = 0; j0 < NJ; j0 += SJ) {
+            float4 v[SJ][MC];
             MK_UNROLL
-            for (int m = 0; m < MC; ++m) {
-                v[m] = m < Mc && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
+            for (int s = 0; s < SJ; ++s) {
+                const int f = t + (j0 + s)*MK_THREADS;
+                MK_UNROLL
+                for (int m = 0; m < MC; ++m) {
+                    v[s][m] = m < Mc && j0 + s < NJ && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
+                }
             }
             MK_UNROLL
-            for (int m = 0; m < MC; ++m) {
-                ss[m] = mk_sq4(v[m], ss[m]);
+            for (int s = 0; s < SJ; ++s) {
+                MK_UNROLL
+                for (int m = 0; m < MC; ++m) {
+                    ss[m] = mk_sq4(v[s][m], ss[m]);
+                }
             }
         }
         mk_block_sums<MC>(ss, Mc, red);
@@ -1151,21 +1159,26 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         ss[m] = 0.0f;
     }
 #pragma unroll 1
-    for (int j = 0; j < NJ; ++j) {
-        const int f = t + j*MK_THREADS;
-        const bool okv = f < F4;
-        const bool ok  = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
-        float4 va[MC], vb[MC];
+    for (int j0 = 0; j0 < NJ; j0 += SJ) {
+        float4 va[SJ][MC], vb[SJ][MC], vw[SJ], vn[SJ];
         MK_UNROLL
-        for (int m = 0; m < MC; ++m) {   // every load of the round first
-            mk_stage_ld(x, (size_t) (m0 + m), f, m < Mc && okv, va[m], vb[m]);
-        }
-        const float4 vw = okv && res  ? ((const float4 *) x.res_nw)[f] : z4;
-        const float4 vn = okv && x.nw ? ((const float4 *) x.nw)[f] : z4;
-        if (res && one) {
+        for (int s = 0; s < SJ; ++s) {   // every load of the round first
+            const int  f   = t + (j0 + s)*MK_THREADS;
+            const bool okv = j0 + s < NJ && f < F4;
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
-                ss[m] = mk_sq4(vb[m], ss[m]);
+                mk_stage_ld(x, (size_t) (m0 + m), f, m < Mc && okv, va[s][m], vb[s][m]);
+            }
+            vw[s] = okv && res  ? ((const float4 *) x.res_nw)[f] : z4;
+            vn[s] = okv && x.nw ? ((const float4 *) x.nw)[f] : z4;
+        }
+        if (res && one) {
+            MK_UNROLL
+            for (int s = 0; s < SJ; ++s) {
+                MK_UNROLL
+                for (int m = 0; m < MC; ++m) {
+                    ss[m] = mk_sq4(vb[s][m], ss[m]);
+                }
             }
             mk_block_sums<MC>(ss, Mc, red);
             MK_UNROLL
@@ -1176,22 +1189,30 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
             mk_prof_at(prof, MK_PH_ST_RMS);
         }
         MK_UNROLL
-        for (int m = 0; m < MC; ++m) {
-            if (m >= Mc) {
+        for (int s = 0; s < SJ; ++s) {
+            const int  f   = t + (j0 + s)*MK_THREADS;
+            const bool ok  = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
+            if (j0 + s >= NJ) {
                 continue;
             }
-            float4 v = mk_stage_val(x, va[m], vb[m], vw, res && !gl ? rh[m] : 0.0f);
-            if (res && !gl && blockIdx.x == 0 && okv) {
-                ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
-            }
-            if (x.nw) {
-                ss[m] = mk_sq4(v, ss[m]);
-                v = mk_mul4(v, vn);
-            }
-            if (direct) {
-                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
-            } else if (ok) {
-                *mk_stage_xs(xs, m, KG, f) = v;
+            MK_UNROLL
+            for (int m = 0; m < MC; ++m) {
+                if (m >= Mc) {
+                    continue;
+                }
+                float4 v = mk_stage_val(x, va[s][m], vb[s][m], vw[s], res && !gl ? rh[m] : 0.0f);
+                if (res && !gl && blockIdx.x == 0 && f < F4) {
+                    ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
+                }
+                if (x.nw) {
+                    ss[m] = mk_sq4(v, ss[m]);
+                    v = mk_mul4(v, vn[s]);
+                }
+                if (direct) {
+                    mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+                } else if (ok) {
+                    *mk_stage_xs(xs, m, KG, f) = v;
+                }
             }
         }
     }
@@ -1239,6 +1260,28 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         }
         __syncthreads();
         mk_prof_at(prof, MK_PH_ST_Q8);
+    }
+}
+
+// columns m0 .. m0+Mc-1 (Mc <= MK_MC_SMALL) staged slot by slot (mk_stage_cols_body): up to half of MK_MC_SMALL columns
+// two slots per round, more one slot per round (each its own function: its own register allocation)
+MK_DEVICE void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
+                                bool direct, unsigned long long * prof) {
+    if (Mc <= MK_MC_SMALL/2) {
+        mk_stage_cols_body<MK_MC_SMALL/2, 2>(x, K, m0, Mc, eps, xs, xq, q8, direct, prof);
+    } else {
+        mk_stage_cols_body<MK_MC_SMALL, 1>(x, K, m0, Mc, eps, xs, xq, q8, direct, prof);
+    }
+}
+
+// a batch of more than MK_MC_SMALL columns: groups of up to MK_MC_SMALL, each staged slot by slot into its place (a
+// column's staging is the same in any group); out of line: the any-batch mat-vec keeps its register allocation
+MK_DEVICE_FN void mk_stage_groups(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
+                                  bool direct, unsigned long long * prof) {
+    const int KG = mk_kg(K);
+    for (int g0 = 0; g0 < Mc; g0 += MK_MC_SMALL) {
+        mk_stage_cols(x, K, m0 + g0, min(MK_MC_SMALL, Mc - g0), eps, xs + (size_t) g0*KG*36, xq + (size_t) g0*KG*MK_XQ_REC,
+                      q8, direct, g0 == 0 ? prof : nullptr);
     }
 }
 
@@ -1396,7 +1439,9 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             fe = mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
         if constexpr (COLS && MC <= MK_MC_SMALL) {
-            mk_stage_cols<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+            mk_stage_cols(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+        } else if (MC > MK_MC_SMALL && R.small == 2) {
+            mk_stage_groups(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         } else {
             mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         }

@@ -11,6 +11,7 @@
 // `--stages N`: at most N weight stages per warp (3 by default, as on the GPU; LLAMA_MEGAKERNEL_STAGES there).
 // `--vs-default` (with --variant): every step also runs the default kernel (no variant bits) on a second set of KV caches;
 // logits, hidden rows and both caches must be bitwise equal after every step (what test-mk --variant checks on a GPU).
+// `--verify M,M,...`: the verify steps checked (4 by default; each M <= 8).
 // `--blocks N`: the grid (2 by default). `--slow-block B`: block B runs only every 8th pass of the emulation's scheduler,
 // so the others run ahead of it up to the next barrier they share.
 // `--gemma3`: the other shape of the plan (mk_ref.h: Q scaled after rope, no V norm, V = K projection on the global layer,
@@ -41,6 +42,7 @@ int main(int argc, char ** argv) {
     int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;   // 2 columns of 256 values
     bool vs_default = false, gemma3 = false;
     int n_blocks = 2;
+    std::vector<int> verify_m = { 4 };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--planted") {
@@ -55,13 +57,25 @@ int main(int argc, char ** argv) {
             vs_default = true;
         } else if (a == "--gemma3") {
             gemma3 = true;
+        } else if (a == "--verify" && i + 1 < argc) {
+            verify_m.clear();
+            for (const char * p = argv[++i]; *p; ) {
+                char * e = nullptr;
+                const long v = strtol(p, &e, 10);
+                if (e == p || v < 1 || v > MK_M) {
+                    fprintf(stderr, "--verify: steps of 1..%d tokens, comma-separated: %s\n", MK_M, argv[i]);
+                    return 2;
+                }
+                verify_m.push_back((int) v);
+                p = *e == ',' ? e + 1 : e;
+            }
         } else if (a == "--blocks" && i + 1 < argc) {
             n_blocks = atoi(argv[++i]);
         } else if (a == "--slow-block" && i + 1 < argc) {
             emu_slow_block = atoi(argv[++i]);
         } else {
             fprintf(stderr, "usage: %s [--planted] [--variant BITS] [--vs-default] [--gemma3] [--smem BYTES] [--stages N] "
-                    "[--blocks N] [--slow-block B]\n", argv[0]);
+                    "[--verify M,...] [--blocks N] [--slow-block B]\n", argv[0]);
             return 2;
         }
     }
@@ -198,7 +212,7 @@ int main(int argc, char ** argv) {
     // bound: the Q4_0/Q8_0 mat-vecs round their inputs to 8 bits; the reference rounds its own (float64)
     // inputs, and an input within a last-bit difference of a rounding boundary lands on the other step
     // now and then (~1e-6); a wrong lane mapping, block or barrier costs >= 1e-3
-    int fails = check(mm, run, 1e-5, { 4 });
+    int fails = check(mm, run, 1e-5, verify_m);
     if (variant & GGML_MK_VAR_FOLD_HEADS) {
         printf("heads folded into the attention: %d of %d layer steps (the others kept the heads phase)\n", n_fold, n_layer_steps);
     }
