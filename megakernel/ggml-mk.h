@@ -155,11 +155,11 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_WIDE_M            0x400000 // (before) steps of 2..4 tokens (verify batches of k <= 3) through the mat-vec and
                                               // staging code made for any batch (MK_M columns: the per-column sums of squares
                                               // and norms indexed at run time, in local memory), not the code for at most 4
-#define GGML_MK_VAR_ITEM_STAGE        0x800000 // (before) steps of 2..8 tokens stage their inputs item by item (mk_stage: a column's
+#define GGML_MK_VAR_ITEM_STAGE        0x800000 // (before) steps of 2..4 tokens stage their inputs item by item (mk_stage: a column's
                                               // slots, then the next column's, MK_SB items per round of loads, the column
                                               // selected from registers at run time), not slot by slot over every column
-                                              // (mk_stage_cols, in groups of 4 columns: session 26, verify of 3 0.963x, of 4
-                                              // 0.945x); the same bits (no effect with 0x400000)
+                                              // (mk_stage_cols, session 26: verify of 3 0.963x, of 4 0.945x); the same bits
+                                              // (no effect with 0x400000)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

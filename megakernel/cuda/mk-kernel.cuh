@@ -412,8 +412,8 @@ struct mk_mvr {
     int   pair, units, norm;
     int   spread;   // units dealt block by block (mk_it_first), unless GGML_MK_VAR_BLOCK_UNITS
     int   small;    // steps of 2..MK_MC_SMALL tokens run mk_mv_run<MK_MC_SMALL>, unless GGML_MK_VAR_WIDE_M (0); 2: with
-                    // the staging slot by slot over every column (mk_stage_cols; steps of more: in groups of MK_MC_SMALL
-                    // columns), 1: item by item (mk_stage, GGML_MK_VAR_ITEM_STAGE)
+                    // the staging slot by slot over every column (mk_stage_cols), 1: item by item (mk_stage,
+                    // GGML_MK_VAR_ITEM_STAGE)
 };
 
 // field f of job j (0..2) of R
@@ -817,6 +817,78 @@ MK_DEVICE float4 * mk_stage_xs(float * xs, int m, int KG, int f) {
     return (float4 *) (xs + (size_t) m*KG*36 + (f/8)*36 + 4*(f%8));
 }
 
+// the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
+// q = round(x*(1/d)): one division per slot, not four); the group's 8 slots are on 8 consecutive lanes, and every
+// lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles)
+MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    MK_UNROLL
+    for (int o = 1; o < 8; o <<= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+    }
+    const float d  = amax/127.0f;
+    const float id = amax != 0.0f ? 1.0f/d : 0.0f;
+    int q[4];
+    q[0] = __float2int_rn(__fmul_rn(v.x, id));
+    q[1] = __float2int_rn(__fmul_rn(v.y, id));
+    q[2] = __float2int_rn(__fmul_rn(v.z, id));
+    q[3] = __float2int_rn(__fmul_rn(v.w, id));
+    float sq = (float) (q[0] + q[1] + q[2] + q[3]);   // exact: |sum| <= 32*127
+    MK_UNROLL
+    for (int o = 1; o < 8; o <<= 1) {
+        sq += __shfl_xor_sync(0xffffffff, sq, o);
+    }
+    if (ok) {
+        ((unsigned *) rec)[f % 8] = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
+                                    (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
+        if (f % 8 == 0) {
+            ((float *) (rec + 32))[0] = d;
+            ((float *) (rec + 32))[1] = sq;
+        }
+    }
+}
+
+// the rest of a staging item of column m (of the pass at m0), slot f, with its value v: the new residual row (block 0),
+// the norm's sum of squares ss and vector slot vn, then the 8-bit record (direct: every lane of the warp comes here)
+// or the staged value. F4, F: the slots with values, with padding
+MK_DEVICE void mk_stage_put(const mk_xin & x, float4 v, const float4 & vn, float & ss, int m0, int m, int f, int F4, int F,
+                            int KG, bool direct, float * xs, uint8_t * xq) {
+    const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
+    if (x.res_h != nullptr && x.mode != MK_X_GEGLU && blockIdx.x == 0 && f < F4) {
+        ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
+    }
+    if (x.nw) {
+        ss = mk_sq4(v, ss);
+        v = mk_mul4(v, vn);
+    }
+    if (direct) {
+        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+    } else if (ok) {
+        *mk_stage_xs(xs, m, KG, f) = v;
+    }
+}
+
+// the second round of a staging item: its staged value scaled by the norm's 1/rms sc (block 0 also writes it to
+// nw_out), then rounded to 8 bits (q8: every lane of the warp comes here)
+MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, int K, int F, int KG, bool q8, float * xs,
+                              uint8_t * xq) {
+    const bool ok = f < F;
+    float4 * p = mk_stage_xs(xs, m, KG, f);
+    float4 v = ok ? *p : mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (x.nw) {
+        v = mk_scale4(v, sc);
+        if (ok) {
+            *p = v;
+        }
+        if (x.nw_out && blockIdx.x == 0 && f < K/4) {
+            ((float4 *) (x.nw_out + (size_t) (m0 + m)*K))[f] = v;
+        }
+    }
+    if (q8) {
+        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+    }
+}
+
 // f(m) for each column m < Mc of a pass (Mc <= MC): for MC <= MK_MC_SMALL unrolled, so that per-column arrays
 // indexed by m stay in registers; else a run-time loop (small code: the staging runs from a cold instruction cache)
 template <int MC, typename F>
@@ -883,37 +955,6 @@ MK_DEVICE void mk_block_sums(float (&ss)[MC], int Mc, float * red) {
         }
         ss[m] = t;
     });
-}
-
-// the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
-// q = round(x*(1/d)): one division per slot, not four); the group's 8 slots are on 8 consecutive lanes, and every
-// lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles)
-MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-    MK_UNROLL
-    for (int o = 1; o < 8; o <<= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
-    }
-    const float d  = amax/127.0f;
-    const float id = amax != 0.0f ? 1.0f/d : 0.0f;
-    int q[4];
-    q[0] = __float2int_rn(__fmul_rn(v.x, id));
-    q[1] = __float2int_rn(__fmul_rn(v.y, id));
-    q[2] = __float2int_rn(__fmul_rn(v.z, id));
-    q[3] = __float2int_rn(__fmul_rn(v.w, id));
-    float sq = (float) (q[0] + q[1] + q[2] + q[3]);   // exact: |sum| <= 32*127
-    MK_UNROLL
-    for (int o = 1; o < 8; o <<= 1) {
-        sq += __shfl_xor_sync(0xffffffff, sq, o);
-    }
-    if (ok) {
-        ((unsigned *) rec)[f % 8] = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
-                                    (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
-        if (f % 8 == 0) {
-            ((float *) (rec + 32))[0] = d;
-            ((float *) (rec + 32))[1] = sq;
-        }
-    }
 }
 
 // a thread's staging items in order: item i is column i / NJ, slot t + (i % NJ)*MK_THREADS; walked with a cursor
@@ -1036,20 +1077,11 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
                 continue;
             }
             const int m = mb[b];
-            const int f = fb[b];
-            const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
-            float4 v = mk_stage_val(x, va[b], vb[b], vw[b], res && !gl ? mk_col_get<MC>(rh, m) : 0.0f);
-            if (res && !gl && blockIdx.x == 0 && f < F4) {
-                ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
-            }
+            float s = mk_col_get<MC>(ss, m);
+            mk_stage_put(x, mk_stage_val(x, va[b], vb[b], vw[b], res && !gl ? mk_col_get<MC>(rh, m) : 0.0f), vn[b], s, m0, m,
+                         fb[b], F4, F, KG, direct, xs, xq);
             if (x.nw) {
-                mk_col_set<MC>(ss, m, mk_sq4(v, mk_col_get<MC>(ss, m)));
-                v = mk_mul4(v, vn[b]);
-            }
-            if (direct) {
-                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
-            } else if (ok) {
-                *mk_stage_xs(xs, m, KG, f) = v;
+                mk_col_set<MC>(ss, m, s);
             }
         }
     }
@@ -1073,22 +1105,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 #pragma unroll 1
         for (int i = 0; i < NI; ++i, mk_item_next(it, t, fe)) {
             const int m = MK_COL(it);
-            const int f = it.f;
-            const bool ok = f < F;
-            float4 * p = mk_stage_xs(xs, m, KG, f);
-            float4 v = ok ? *p : z4;
-            if (x.nw) {
-                v = mk_scale4(v, mk_col_get<MC>(ss, m));
-                if (ok) {
-                    *p = v;
-                }
-                if (x.nw_out && blockIdx.x == 0 && f < F4) {
-                    ((float4 *) (x.nw_out + (size_t) (m0 + m)*K))[f] = v;
-                }
-            }
-            if (q8) {
-                mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
-            }
+            mk_stage_round(x, x.nw ? mk_col_get<MC>(ss, m) : 0.0f, m0, m, it.f, K, F, KG, q8, xs, xq);
         }
         __syncthreads();
         mk_prof_at(prof, MK_PH_ST_Q8);
@@ -1096,18 +1113,20 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 #undef MK_COL
 }
 
-// mk_stage for a small verify batch (up to MK_MC_SMALL columns) slot by slot: each round of loads takes SJ consecutive
-// slots of this thread of every column at once (the norm vectors' slots once for all columns), and the columns are
-// compile-time indices (their sums and scales stay in registers, no selects), so a batch of Mc columns needs NJ/SJ
-// dependent round trips, not Mc*NJ/MK_SB, and the columns' 8-bit roundings (shuffles) interleave. MC*SJ <=
-// MK_MC_SMALL: the registers of up to 4 columns hold 2 slots of up to 2 (mk_stage_cols). A column's slots are still
-// taken in order j = 0, 1, ... by the same thread with mk_stage's arithmetic (mk_stage_ld, mk_stage_val, mk_q8_slot),
-// and its sums go through the same mk_block_sums: the same bits as mk_stage. Measured on the H200 (E4B, session 26)
-// against mk_stage<MK_MC_SMALL> (now GGML_MK_VAR_ITEM_STAGE), with SJ = 1: verify of 3 tokens 0.963x, of 4 0.945x
-template <int MC, int SJ>
-MK_DEVICE_FN void mk_stage_cols_body(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
-                                  bool direct, unsigned long long * prof) {
-    static_assert(MC*SJ <= MK_MC_SMALL, "the columns' slots in registers");
+// mk_stage for a small verify batch (Mc <= MC <= MK_MC_SMALL columns) slot by slot: each round of loads takes this
+// thread's slot j of every column at once (the norm vectors' slot once for all columns), and the columns are
+// compile-time indices (their sums and scales stay in registers, no selects), so a batch of Mc columns needs NJ
+// dependent round trips, not Mc*NJ/MK_SB, and the columns' 8-bit roundings (shuffles) interleave. A column's slots are
+// still taken in order j = 0, 1, ... by the same thread with mk_stage's arithmetic (mk_stage_ld, mk_stage_val,
+// mk_stage_put, mk_stage_round), and its sums go through the same mk_block_sums: the same bits as mk_stage. Measured on
+// the H200 (E4B, session 26) against mk_stage<MK_MC_SMALL> (GGML_MK_VAR_ITEM_STAGE): verify of 3 tokens 0.963x, of 4
+// 0.945x. (Two slots a round for up to 2 columns, and batches of 5..8 in groups of 4, were measured too and dropped:
+// another call site of these functions cost the any-batch mat-vec registers, its steps of 5 ran ~10 % slower;
+// NOTES.md session 26.)
+template <int MC>
+MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
+                                bool direct, unsigned long long * prof) {
+    static_assert(MC <= MK_MC_SMALL, "the columns in registers");
     float * red = mk_stage_red();
     const int  KG  = mk_kg(K);
     const int  F   = KG*8;                                  // slots per column, padding included
@@ -1120,7 +1139,7 @@ MK_DEVICE_FN void mk_stage_cols_body(const mk_xin & x, int K, int m0, int Mc, fl
     float ss[MC];
     float rh[MC];
     // every slot in one round: the pending residual's rms is taken from that round's loads
-    const bool one = NJ <= SJ;
+    const bool one = NJ == 1;
 
     if (res && !one) {
         MK_UNROLL
@@ -1128,22 +1147,16 @@ MK_DEVICE_FN void mk_stage_cols_body(const mk_xin & x, int K, int m0, int Mc, fl
             ss[m] = 0.0f;
         }
 #pragma unroll 1
-        for (int j0 = 0; j0 < NJ; j0 += SJ) {
-            float4 v[SJ][MC];
+        for (int j = 0; j < NJ; ++j) {
+            const int f = t + j*MK_THREADS;
+            float4 v[MC];
             MK_UNROLL
-            for (int s = 0; s < SJ; ++s) {
-                const int f = t + (j0 + s)*MK_THREADS;
-                MK_UNROLL
-                for (int m = 0; m < MC; ++m) {
-                    v[s][m] = m < Mc && j0 + s < NJ && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
-                }
+            for (int m = 0; m < MC; ++m) {
+                v[m] = m < Mc && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
             }
             MK_UNROLL
-            for (int s = 0; s < SJ; ++s) {
-                MK_UNROLL
-                for (int m = 0; m < MC; ++m) {
-                    ss[m] = mk_sq4(v[s][m], ss[m]);
-                }
+            for (int m = 0; m < MC; ++m) {
+                ss[m] = mk_sq4(v[m], ss[m]);
             }
         }
         mk_block_sums<MC>(ss, Mc, red);
@@ -1159,26 +1172,20 @@ MK_DEVICE_FN void mk_stage_cols_body(const mk_xin & x, int K, int m0, int Mc, fl
         ss[m] = 0.0f;
     }
 #pragma unroll 1
-    for (int j0 = 0; j0 < NJ; j0 += SJ) {
-        float4 va[SJ][MC], vb[SJ][MC], vw[SJ], vn[SJ];
+    for (int j = 0; j < NJ; ++j) {
+        const int  f   = t + j*MK_THREADS;
+        const bool okv = f < F4;
+        float4 va[MC], vb[MC];
         MK_UNROLL
-        for (int s = 0; s < SJ; ++s) {   // every load of the round first
-            const int  f   = t + (j0 + s)*MK_THREADS;
-            const bool okv = j0 + s < NJ && f < F4;
-            MK_UNROLL
-            for (int m = 0; m < MC; ++m) {
-                mk_stage_ld(x, (size_t) (m0 + m), f, m < Mc && okv, va[s][m], vb[s][m]);
-            }
-            vw[s] = okv && res  ? ((const float4 *) x.res_nw)[f] : z4;
-            vn[s] = okv && x.nw ? ((const float4 *) x.nw)[f] : z4;
+        for (int m = 0; m < MC; ++m) {   // every load of the round first
+            mk_stage_ld(x, (size_t) (m0 + m), f, m < Mc && okv, va[m], vb[m]);
         }
+        const float4 vw = okv && res  ? ((const float4 *) x.res_nw)[f] : z4;
+        const float4 vn = okv && x.nw ? ((const float4 *) x.nw)[f] : z4;
         if (res && one) {
             MK_UNROLL
-            for (int s = 0; s < SJ; ++s) {
-                MK_UNROLL
-                for (int m = 0; m < MC; ++m) {
-                    ss[m] = mk_sq4(vb[s][m], ss[m]);
-                }
+            for (int m = 0; m < MC; ++m) {
+                ss[m] = mk_sq4(vb[m], ss[m]);
             }
             mk_block_sums<MC>(ss, Mc, red);
             MK_UNROLL
@@ -1189,30 +1196,10 @@ MK_DEVICE_FN void mk_stage_cols_body(const mk_xin & x, int K, int m0, int Mc, fl
             mk_prof_at(prof, MK_PH_ST_RMS);
         }
         MK_UNROLL
-        for (int s = 0; s < SJ; ++s) {
-            const int  f   = t + (j0 + s)*MK_THREADS;
-            const bool ok  = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
-            if (j0 + s >= NJ) {
-                continue;
-            }
-            MK_UNROLL
-            for (int m = 0; m < MC; ++m) {
-                if (m >= Mc) {
-                    continue;
-                }
-                float4 v = mk_stage_val(x, va[s][m], vb[s][m], vw[s], res && !gl ? rh[m] : 0.0f);
-                if (res && !gl && blockIdx.x == 0 && f < F4) {
-                    ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
-                }
-                if (x.nw) {
-                    ss[m] = mk_sq4(v, ss[m]);
-                    v = mk_mul4(v, vn[s]);
-                }
-                if (direct) {
-                    mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
-                } else if (ok) {
-                    *mk_stage_xs(xs, m, KG, f) = v;
-                }
+        for (int m = 0; m < MC; ++m) {
+            if (m < Mc) {
+                mk_stage_put(x, mk_stage_val(x, va[m], vb[m], vw, res && !gl ? rh[m] : 0.0f), vn, ss[m], m0, m, f, F4, F, KG,
+                             direct, xs, xq);
             }
         }
     }
@@ -1235,53 +1222,15 @@ MK_DEVICE_FN void mk_stage_cols_body(const mk_xin & x, int K, int m0, int Mc, fl
     if (x.nw || q8) {
 #pragma unroll 1
         for (int j = 0; j < NJ; ++j) {
-            const int f = t + j*MK_THREADS;
-            const bool ok = f < F;
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
-                if (m >= Mc) {
-                    continue;
-                }
-                float4 * p = mk_stage_xs(xs, m, KG, f);
-                float4 v = ok ? *p : z4;
-                if (x.nw) {
-                    v = mk_scale4(v, ss[m]);
-                    if (ok) {
-                        *p = v;
-                    }
-                    if (x.nw_out && blockIdx.x == 0 && f < F4) {
-                        ((float4 *) (x.nw_out + (size_t) (m0 + m)*K))[f] = v;
-                    }
-                }
-                if (q8) {
-                    mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+                if (m < Mc) {
+                    mk_stage_round(x, ss[m], m0, m, t + j*MK_THREADS, K, F, KG, q8, xs, xq);
                 }
             }
         }
         __syncthreads();
         mk_prof_at(prof, MK_PH_ST_Q8);
-    }
-}
-
-// columns m0 .. m0+Mc-1 (Mc <= MK_MC_SMALL) staged slot by slot (mk_stage_cols_body): up to half of MK_MC_SMALL columns
-// two slots per round, more one slot per round (each its own function: its own register allocation)
-MK_DEVICE void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
-                                bool direct, unsigned long long * prof) {
-    if (Mc <= MK_MC_SMALL/2) {
-        mk_stage_cols_body<MK_MC_SMALL/2, 2>(x, K, m0, Mc, eps, xs, xq, q8, direct, prof);
-    } else {
-        mk_stage_cols_body<MK_MC_SMALL, 1>(x, K, m0, Mc, eps, xs, xq, q8, direct, prof);
-    }
-}
-
-// a batch of more than MK_MC_SMALL columns: groups of up to MK_MC_SMALL, each staged slot by slot into its place (a
-// column's staging is the same in any group); out of line: the any-batch mat-vec keeps its register allocation
-MK_DEVICE_FN void mk_stage_groups(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
-                                  bool direct, unsigned long long * prof) {
-    const int KG = mk_kg(K);
-    for (int g0 = 0; g0 < Mc; g0 += MK_MC_SMALL) {
-        mk_stage_cols(x, K, m0 + g0, min(MK_MC_SMALL, Mc - g0), eps, xs + (size_t) g0*KG*36, xq + (size_t) g0*KG*MK_XQ_REC,
-                      q8, direct, g0 == 0 ? prof : nullptr);
     }
 }
 
@@ -1439,9 +1388,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             fe = mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
         if constexpr (COLS && MC <= MK_MC_SMALL) {
-            mk_stage_cols(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
-        } else if (MC > MK_MC_SMALL && R.small == 2) {
-            mk_stage_groups(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+            mk_stage_cols<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         } else {
             mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         }

@@ -3,9 +3,8 @@
 // (GGML_MK_VAR_ITEM_STAGE) on the same random inputs, one block. The kernel emulation's tiny model has K <= 512, one slot
 // per thread and column; here K = 2560, 4096, 10240 (2, 2, 5 slots per thread) and 256 and 2304 (some threads without a
 // slot) take the rounds of several slots, the pending residual's separate rms round and its one-round form; 1..4
-// columns (up to 2: two slots a round; 1: a group of one in a batch of 5 or more). Every staged
-// byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal bitwise. Prints OK/FAIL
-// per case, exits 1 on any failure.
+// columns. Every staged byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal
+// bitwise. Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
 #include "ggml-common.h"
@@ -34,7 +33,7 @@ static void stage_kernel(const stage_args a) {
     float   * xs = (float *) smem;
     uint8_t * xq = a.direct ? (uint8_t *) xs : (uint8_t *) smem + a.xs_bytes;
     if (a.cols) {
-        mk_stage_cols(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
+        mk_stage_cols<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
     } else {
         mk_stage<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
     }
