@@ -958,7 +958,8 @@ MK_DEVICE void mk_block_sums(float (&ss)[MC], int Mc, float * red) {
 }
 
 // a thread's staging items in order: item i is column i / NJ, slot t + (i % NJ)*MK_THREADS; walked with a cursor
-// (no run-time division per item: the staging is bound by its instruction count, NOTES session 14)
+// (no run-time division per item: ncu of session 14 found them costly; session 26 found a verify step's staging bound
+// by its dependent rounds of loads more than by its instructions, see mk_stage_cols)
 struct mk_item {
     int m;   // column
     int f;   // slot
