@@ -1124,6 +1124,17 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 // 0.945x. (Two slots a round for up to 2 columns, and batches of 5..8 in groups of 4, were measured too and dropped:
 // another call site of these functions cost the any-batch mat-vec registers, its steps of 5 ran ~10 % slower;
 // NOTES.md session 26.)
+// r[m] = 1/rms of columns m < Mc whose per-thread sums of squares of K values are ss[m] (block-wide, mk_block_sums;
+// r may be ss itself)
+template <int MC>
+MK_DEVICE void mk_cols_rms(float (&ss)[MC], float (&r)[MC], int Mc, int K, float eps, float * red) {
+    mk_block_sums<MC>(ss, Mc, red);
+    MK_UNROLL
+    for (int m = 0; m < MC; ++m) {
+        r[m] = 1.0f/sqrtf(ss[m]/K + eps);
+    }
+}
+
 template <int MC>
 MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                                 bool direct, unsigned long long * prof) {
@@ -1160,11 +1171,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
                 ss[m] = mk_sq4(v[m], ss[m]);
             }
         }
-        mk_block_sums<MC>(ss, Mc, red);
-        MK_UNROLL
-        for (int m = 0; m < MC; ++m) {
-            rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
-        }
+        mk_cols_rms<MC>(ss, rh, Mc, K, eps, red);
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
 
@@ -1188,10 +1195,9 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
             for (int m = 0; m < MC; ++m) {
                 ss[m] = mk_sq4(vb[m], ss[m]);
             }
-            mk_block_sums<MC>(ss, Mc, red);
+            mk_cols_rms<MC>(ss, rh, Mc, K, eps, red);
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
-                rh[m] = 1.0f/sqrtf(ss[m]/K + eps);
                 ss[m] = 0.0f;
             }
             mk_prof_at(prof, MK_PH_ST_RMS);
@@ -1210,11 +1216,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         return;
     }
     if (x.nw) {
-        mk_block_sums<MC>(ss, Mc, red + MK_WARPS*MK_M);
-        MK_UNROLL
-        for (int m = 0; m < MC; ++m) {
-            ss[m] = 1.0f/sqrtf(ss[m]/K + eps);
-        }
+        mk_cols_rms<MC>(ss, ss, Mc, K, eps, red + MK_WARPS*MK_M);
     } else {
         __syncthreads();
     }
