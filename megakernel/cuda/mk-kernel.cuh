@@ -981,9 +981,9 @@ MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_T
 // shared memory and registers only. Small code on purpose (the columns of the any-batch code are a run-time loop):
 // every phase runs it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1:
 // one-token steps; MK_MC_SMALL: small verify batches, both with the per-column values in registers; MK_M: any
-// batch); a column's arithmetic is the same in all. SBR / SBV: the slots per thread whose loads are in flight at once in
-// the pending residual's rms round / in the values' round (MK_SB each); the same items in the same order and the same
-// sums would give the same bits with other batches.
+// batch); a column's arithmetic is the same in all. MK_SB: the items per thread whose loads are in flight at once in the
+// pending residual's rms round and in the values' round (other batches of the same items in the same order would give
+// the same sums, the same bits).
 // the block sums' scratch of mk_stage: one array for all its instances (a static array in each would be one more block
 // of static shared memory per instance, held by every block of the launch and taken from the dynamic region; session
 // 20 measured the one array against one per instance: no difference in speed, A/B)
@@ -992,7 +992,7 @@ MK_DEVICE float * mk_stage_red() {
     return red;
 }
 
-template <int MC, int SBR = MK_SB, int SBV = MK_SB>
+template <int MC>
 MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                            bool direct, unsigned long long * prof) {
     float * red = mk_stage_red();
@@ -1011,23 +1011,23 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const int  fe  = t + NJ*MK_THREADS;                     // (mk_item_next)
     // every item in one batch (a one-token step's column): the pending residual's rms is taken from the batch's
     // loads below (the same values and sums in the same order as this separate round of loads)
-    const bool one = NI <= SBV;
+    const bool one = NI <= MK_SB;
 
     if (res && !one) {
         mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
         mk_item it = { 0, t };
 #pragma unroll 1
-        for (int i0 = 0; i0 < NI; i0 += SBR) {
-            float4 v[SBR];
-            int    mb[SBR];
+        for (int i0 = 0; i0 < NI; i0 += MK_SB) {
+            float4 v[MK_SB];
+            int    mb[MK_SB];
             MK_UNROLL
-            for (int b = 0; b < SBR; ++b) {
+            for (int b = 0; b < MK_SB; ++b) {
                 mb[b] = MK_COL(it);
                 v[b] = i0 + b < NI && it.f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + mb[b])*x.lda) + it.f) : z4;
                 mk_item_next(it, t, fe);
             }
             MK_UNROLL
-            for (int b = 0; b < SBR; ++b) {
+            for (int b = 0; b < MK_SB; ++b) {
                 if (i0 + b < NI) {
                     mk_col_set<MC>(ss, mb[b], mk_sq4(v[b], mk_col_get<MC>(ss, mb[b])));
                 }
@@ -1041,11 +1041,11 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
     mk_item it = { 0, t };
 #pragma unroll 1
-    for (int i0 = 0; i0 < NI; i0 += SBV) {
-        float4 va[SBV], vb[SBV], vw[SBV], vn[SBV];
-        int    mb[SBV], fb[SBV];   // the items' columns and slots
+    for (int i0 = 0; i0 < NI; i0 += MK_SB) {
+        float4 va[MK_SB], vb[MK_SB], vw[MK_SB], vn[MK_SB];
+        int    mb[MK_SB], fb[MK_SB];   // the items' columns and slots
         MK_UNROLL
-        for (int b = 0; b < SBV; ++b) {   // every load of the batch first
+        for (int b = 0; b < MK_SB; ++b) {   // every load of the batch first
             const int i = i0 + b;
             const int f = it.f;
             mb[b] = MK_COL(it);
@@ -1059,7 +1059,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         if (res && one) {
             mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
             MK_UNROLL
-            for (int b = 0; b < SBV; ++b) {   // (i0 = 0: the batch holds every item)
+            for (int b = 0; b < MK_SB; ++b) {   // (i0 = 0: the batch holds every item)
                 if (b < NI) {
                     mk_col_set<MC>(ss, mb[b], mk_sq4(vb[b], mk_col_get<MC>(ss, mb[b])));
                 }
@@ -1072,7 +1072,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             mk_prof_at(prof, MK_PH_ST_RMS);
         }
         MK_UNROLL
-        for (int b = 0; b < SBV; ++b) {
+        for (int b = 0; b < MK_SB; ++b) {
             const int i = i0 + b;
             if (i >= NI) {
                 continue;
