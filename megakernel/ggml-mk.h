@@ -160,6 +160,9 @@ struct ggml_mk_model {
                                               // selected from registers at run time), not slot by slot over every column
                                               // (mk_stage_cols, session 26: verify of 3 0.963x, of 4 0.945x); the same bits
                                               // (no effect with 0x400000)
+#define GGML_MK_VAR_KQ_FLOAT          0x1000000 // (before) Q4_K / Q6_K weights meet the float inputs (mk_deq32, a float FMA per
+                                              // weight), not the 8-bit records with integer dot products (mk_kq_groups, as
+                                              // llama.cpp's mmvq); other bits: the 8-bit rounding of the inputs
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -85,6 +85,7 @@ def test_weight_decoding_emulation_can_fail(tmp_path, cpu_build, old, new, type_
 
 KERNEL_EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_kernel_emu.cpp"
 STAGE_EMU = KERNEL_EMU.parent / "mk_stage_emu.cpp"
+KQ_EMU = KERNEL_EMU.parent / "mk_kq_emu.cpp"
 
 
 def _build_kernel_emu(exe: Path, cpu_build: Path, first_inc: Path | None = None, source: Path = KERNEL_EMU,
@@ -157,6 +158,8 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # passes of 2 columns (little shared memory) and with every column in one pass
 # slow: 3 blocks, block 1 running only every 8th pass of the emulation's scheduler (the others run ahead of it to the
 # next barrier they share: a phase that reads what another block has not written yet shows)
+# 0x1000000: GGML_MK_VAR_KQ_FLOAT (before: Q4_K / Q6_K weights meet the float inputs, not the 8-bit records): other
+# arithmetic, so no bitwise comparison; the reference then rounds only the Q4_0 / Q8_0 inputs (mk_ref.h MK_REF_Q8)
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
@@ -165,7 +168,7 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x80000": ["--variant", "0x80000", "--vs-default"], "0x100000": ["--variant", "0x100000"],
             "0x200000": ["--variant", "0x200000", "--vs-default"],
             "0x400000": ["--variant", "0x400000", "--vs-default"], "0x800000": ["--variant", "0x800000", "--vs-default"],
-            "slow": ["--blocks", "3", "--slow-block", "1"],
+            "slow": ["--blocks", "3", "--slow-block", "1"], "0x1000000": ["--variant", "0x1000000"],
             "wide-verify": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default"],
             "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"]}
 
@@ -284,6 +287,51 @@ def test_cuda_staging_slot_by_slot_planted_bug_fails(tmp_path, cpu_build):
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and re.search(r"^FAIL K=(2560|4096|10240|2304) residual", r.stdout, re.M), \
         f"a bug in the rms round of several slots went unnoticed:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
+    """the Q4_K / Q6_K integer dot products on 8-bit inputs (mk_kq_groups, the default for those types) at K = 2560, 10240
+    (rows of several weight tiles) and 256, three rows (Q6_K rows 2 bytes off a word), four columns: each row within
+    1e-6 of a float64 dot product of ggml's dequantized weights, and the code made for 4 and for 8 columns equal to the
+    one-column code bit for bit"""
+    exe = _build_kernel_emu(tmp_path / "mk_kq_emu", cpu_build, source=KQ_EMU)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    print(r.stdout[-2000:])
+    assert r.returncode == 0 and "OK K-quant integer dot products: 0 of 6 cases failed" in r.stdout, \
+        r.stdout[-3000:] + r.stderr[-2000:]
+
+
+# planted bugs in the K-quant dot products, each must fail the widths test above: Q6_K's high bits not sign-extended
+# (q - 32 wrong for half the values), Q4_K's scales of groups 4..7 without their high bits, a Q6_K group taking the
+# other half's scale
+KQ_PLANTED = {
+    "q6k_sign": ("hi += (hi & 0x02020202)*6;", "hi += 0;"),
+    "q4k_scale_hi": ("sc = ((s2 >> t) & 0xF) | (((s0 >> t) >> 6 & 3) << 4);", "sc = ((s2 >> t) & 0xF);"),
+    "q6k_half_scale": ("sc1 = (int) (int8_t) (sc >> 8);", "sc1 = sc0;"),
+}
+
+
+@pytest.mark.parametrize("bug", list(KQ_PLANTED))
+def test_cuda_kquant_dot_products_planted_bug_fails(tmp_path, cpu_build, bug):
+    old, new = KQ_PLANTED[bug]
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=KQ_EMU)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and re.search(r"^FAIL q[46]_K K=", r.stdout, re.M), \
+        f"planted bug {bug} in the K-quant dot products went unnoticed:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_kquant_planted_bug_fails(tmp_path, cpu_build):
+    """the kernel emulation's model has Q4_K and Q6_K jobs (q/k projections, gate/up, down, per-layer gate): by default
+    they take the integer dot products, so a bug planted there (Q4_K's nibbles swapped: low for odd groups) must fail
+    the default run against the float64 reference, and GGML_MK_VAR_KQ_FLOAT (0x1000000: the float path) must not run it"""
+    old = "const int sh = 4*(j % 2);"
+    new = "const int sh = 4*((j + 1) % 2);"
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL .*NMSE vs float64 reference", r.stdout, re.M), \
+        f"a bug in the Q4_K dot products went unnoticed by the kernel emulation:\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe), "--variant", "0x1000000"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"variant 0x1000000 still runs the Q4_K integer dot products:\n{r.stdout[-3000:]}"
 
 
 # planted bugs in the heads fold (GGML_MK_VAR_FOLD_HEADS), run where every layer step folds: the step's new K/V rows not

@@ -348,6 +348,12 @@ MK_HOSTDEV bool mk_is_q8dot(int type) {
     return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0;
 }
 
+// K-quants whose integer dot product with the 8-bit inputs the mat-vec has (mk_q4k_unit, mk_q6k_unit: the types of
+// llama.cpp's Q4_K_M / Q4_K_S files, beside Q4_0 / Q8_0)
+MK_HOSTDEV bool mk_is_kq(int type) {
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+}
+
 // a job's parameters in registers (read once per mat-vec, never indexed at run time): a row is cut
 // into nseg tiles of sgps*256 values (the last one shorter), each at most MK_TB bytes: a full tile is tb bytes
 // and tg 32-value groups, the last one lb bytes and lg groups
@@ -414,6 +420,8 @@ struct mk_mvr {
     int   small;    // steps of 2..MK_MC_SMALL tokens run mk_mv_run<MK_MC_SMALL>, unless GGML_MK_VAR_WIDE_M (0); 2: with
                     // the staging slot by slot over every column (mk_stage_cols), 1: item by item (mk_stage,
                     // GGML_MK_VAR_ITEM_STAGE)
+    int   kq;       // Q4_K / Q6_K jobs take the 8-bit inputs (integer dot products), unless GGML_MK_VAR_KQ_FLOAT (0:
+                    // the float inputs and mk_deq32, the way before)
 };
 
 // field f of job j (0..2) of R
@@ -433,6 +441,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.norm  = mv.norm;
     R.spread = (flags & GGML_MK_VAR_BLOCK_UNITS) == 0;
     R.small  = (flags & GGML_MK_VAR_WIDE_M) ? 0 : (flags & GGML_MK_VAR_ITEM_STAGE) ? 1 : 2;
+    R.kq     = (flags & GGML_MK_VAR_KQ_FLOAT) == 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -529,13 +538,17 @@ static inline void mk_mv_table_draft(const ggml_mk_draft & d, const ggml_mk_mode
     }
 }
 
-// a mat-vec's inputs as the kernel stages them: the 8-bit records alone (direct: every job Q4_0/Q8_0 and no norm,
-// the records made as the values arrive), or floats (xs) plus, if a job is Q4_0/Q8_0, the records (xq)
+// a mat-vec's inputs as the kernel stages them: the 8-bit records alone (direct: every job takes them, mk_q8in: Q4_0,
+// Q8_0, Q4_K, Q6_K, and no norm: the records made as the values arrive), or floats (xs) plus, if a job takes them, the
+// records (xq)
+MK_HOSTDEV bool mk_q8in(const mk_mvr & R, int type) {   // a job of this type takes the 8-bit inputs
+    return mk_is_q8dot(type) || (R.kq && mk_is_kq(type));
+}
 MK_HOSTDEV bool mk_mv_q8(const mk_mvr & R) {
-    return mk_is_q8dot(R.j[0].type) || mk_is_q8dot(R.j[1].type) || mk_is_q8dot(R.j[2].type);
+    return mk_q8in(R, R.j[0].type) || mk_q8in(R, R.j[1].type) || mk_q8in(R, R.j[2].type);
 }
 MK_HOSTDEV bool mk_mv_direct(const mk_mvr & R) {
-    return mk_is_q8dot(R.j[0].type) && mk_is_q8dot(R.j[1].type) && mk_is_q8dot(R.j[2].type) && !R.norm;
+    return mk_q8in(R, R.j[0].type) && mk_q8in(R, R.j[1].type) && mk_q8in(R, R.j[2].type) && !R.norm;
 }
 
 // the columns of a mat-vec with K-value inputs that one pass stages, given the step's layout
@@ -1317,6 +1330,168 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
     return mk_dot_rec(wq, dw, mk_rec_at(rec), is_q4, acc);
 }
 
+// sum_i w_i*q_i over a block's 32 8-bit inputs (r) in halves: s0 of values 0..15 (wq[0..3]), s1 of 16..31
+MK_DEVICE void mk_dot_halves(const unsigned (&wq)[8], const mk_rec & r, int & s0, int & s1) {
+    s0 = __dp4a((int) wq[0], r.x0.x, 0);
+    s1 = __dp4a((int) wq[4], r.x1.x, 0);
+    s0 = __dp4a((int) wq[1], r.x0.y, s0);
+    s1 = __dp4a((int) wq[5], r.x1.y, s1);
+    s0 = __dp4a((int) wq[2], r.x0.z, s0);
+    s1 = __dp4a((int) wq[6], r.x1.z, s1);
+    s0 = __dp4a((int) wq[3], r.x0.w, s0);
+    s1 = __dp4a((int) wq[7], r.x1.w, s1);
+}
+
+// 8 words at a 2-byte aligned address p (a Q6_K block is 210 bytes): the aligned words around it, funnel-shifted
+MK_DEVICE void mk_words8_2a(const uint8_t * p, unsigned (&w)[8]) {
+    const unsigned * a  = (const unsigned *) ((uintptr_t) p & ~(uintptr_t) 3);
+    const int        sh = 8*(int) ((uintptr_t) p & 3);
+    unsigned v[9];
+    MK_UNROLL
+    for (int k = 0; k < 9; ++k) {
+        v[k] = a[k];
+    }
+    MK_UNROLL
+    for (int k = 0; k < 8; ++k) {
+        w[k] = __funnelshift_r(v[k], v[k + 1], sh);
+    }
+}
+
+// The K-quants' integer dot products with the 8-bit inputs (as llama.cpp's mmvq does for them): one 32-value group g
+// of a tile per lane and call, decoded once for every column. Q4_K (144 bytes per 256: d, dmin, 12 bytes of 6-bit
+// scales and mins, 128 bytes of nibbles; group g of a super-block: the low (g even) or high nibbles of the 32 bytes of
+// its 64-value chunk), w = d*sc*q - dmin*mn: sum_i w_i*x_i = dx*(d*sc*sum_i q_i*xq_i - dmin*mn*sum_i xq_i)
+MK_DEVICE void mk_q4k_unit(const uint8_t * base, int g, unsigned (&wq)[8], float & a, float & b) {
+    const unsigned * w  = (const unsigned *) (base + 144*(g/8));   // (4-byte aligned: the caller checks)
+    const int        j  = g % 8;
+    const unsigned   s0 = w[1], s1 = w[2], s2 = w[3];             // the scale bytes 0..3, 4..7, 8..11
+    int sc, mn;
+    if (j < 4) {
+        sc = (s0 >> 8*j) & 63;
+        mn = (s1 >> 8*j) & 63;
+    } else {
+        const int t = 8*(j - 4);
+        sc = ((s2 >> t) & 0xF) | (((s0 >> t) >> 6 & 3) << 4);
+        mn = ((s2 >> t) >> 4 & 0xF) | (((s1 >> t) >> 6 & 3) << 4);
+    }
+    const int sh = 4*(j % 2);
+    MK_UNROLL
+    for (int k = 0; k < 8; ++k) {
+        wq[k] = (w[4 + 8*(j/2) + k] >> sh) & 0x0F0F0F0F;
+    }
+    a = __fmul_rn(mk_f16((uint16_t) (w[0] & 0xffff)), (float) sc);
+    b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) mn);
+}
+
+MK_DEVICE float mk_q4k_dot(const unsigned (&wq)[8], float a, float b, const mk_rec & r, float acc) {
+    int s0, s1;
+    mk_dot_halves(wq, r, s0, s1);
+    const float t = __fsub_rn(__fmul_rn(a, (float) (s0 + s1)), __fmul_rn(b, r.dq.y));
+    return fmaf(r.dq.x, t, acc);
+}
+
+// Q6_K (210 bytes per 256: ql[128], qh[64], int8 scales[16], d; group g = 4n + qd of a block: the low (qd < 2) or high
+// nibbles of ql[64n + 32(qd % 2) ..], bits 2qd of qh[32n ..], a scale per 16 values), w = d*sc*(q - 32): the words
+// hold q - 32 as int8 (the 2 high bits h as (h - 2) sign-extended to a nibble), sc0, sc1 the two halves' scales
+MK_DEVICE void mk_q6k_unit(const uint8_t * base, int g, unsigned (&wq)[8], float & d, int & sc0, int & sc1) {
+    const uint8_t * blk = base + 210*(g/8);   // (2-byte aligned)
+    const int n  = (g % 8)/4;
+    const int qd = g % 4;
+    // the low 4 bits, then the high 2
+    const int lsh = 4*(qd/2);
+    const int hsh = 2*qd;
+    mk_words8_2a(blk + 64*n + 32*(qd % 2), wq);
+    MK_UNROLL
+    for (int k = 0; k < 8; ++k) {
+        wq[k] = (wq[k] >> lsh) & 0x0F0F0F0F;
+    }
+    unsigned h[8];
+    mk_words8_2a(blk + 128 + 32*n, h);
+    MK_UNROLL
+    for (int k = 0; k < 8; ++k) {
+        unsigned hi = ((h[k] >> hsh) & 0x03030303) ^ 0x02020202;   // (h - 2) mod 4
+        hi += (hi & 0x02020202)*6;                                 // sign-extended to 4 bits
+        wq[k] |= hi << 4;
+    }
+    const unsigned sc = *(const uint16_t *) (blk + 192 + 8*n + 2*qd);
+    sc0 = (int) (int8_t) (sc & 0xff);
+    sc1 = (int) (int8_t) (sc >> 8);
+    d   = mk_f16(*(const uint16_t *) (blk + 208));
+}
+
+MK_DEVICE float mk_q6k_dot(const unsigned (&wq)[8], float d, int sc0, int sc1, const mk_rec & r, float acc) {
+    int s0, s1;
+    mk_dot_halves(wq, r, s0, s1);
+    const float t = __fadd_rn(__fmul_rn((float) sc0, (float) s0), __fmul_rn((float) sc1, (float) s1));
+    return fmaf(__fmul_rn(d, r.dq.x), t, acc);
+}
+
+// a lane's sums of the columns, returned by a function of its own (in registers; a struct argument would travel
+// through the stack, local memory)
+template <int MC>
+struct mk_accs {
+    float v[MC];
+};
+
+// the rows a call of the code for MC columns can take: 2 up to MK_MC_SMALL columns, 1 in the any-batch code (base1 null)
+#define MK_KQ_ROWS(MC) ((MC) <= MK_MC_SMALL ? 2 : 1)
+
+// the ng 32-value groups of a Q4_K (Q4K) or Q6_K tile at base0 (Q4_K: 4-byte aligned), lane-strided, for columns 0 .. Mc-1
+// whose input records start at xq + m*cs: the lane's sum over them per column in v[m] (the caller adds it to the row's);
+// base1 (Q4_K, MK_KQ_ROWS 2): also the tile of a second row with the same groups (a gate/up row pair, or the warp's next
+// row), each record loaded once for both, its sums in v[MC + m]. A column's groups are added in the same order whatever
+// MC, Mc and base1 are (a verify batch's column is bit for bit its one-token step)
+
+template <bool Q4K, int MC>
+MK_DEVICE mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_tile(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq,
+                                                int Mc, size_t cs) {
+    constexpr bool TWO = MK_KQ_ROWS(MC) == 2;
+    mk_accs<MK_KQ_ROWS(MC)*MC> acc;
+#pragma unroll
+    for (int m = 0; m < MK_KQ_ROWS(MC)*MC; ++m) {
+        acc.v[m] = 0.0f;
+    }
+    for (int g = threadIdx.x % WARP_SIZE; g < ng; g += WARP_SIZE) {
+        unsigned wq0[8], wq1[8] = {};   // (wq1 set on every path: a maybe-unset array went to local memory, 16 spills)
+        float a0, b0 = 0.0f, a1 = 0.0f, b1 = 0.0f;   // Q4_K: d*sc, dmin*mn; Q6_K: d
+        int   s00 = 0, s01 = 0;                      // Q6_K: the halves' scales
+        if (Q4K) {
+            mk_q4k_unit(base0, g, wq0, a0, b0);
+        } else {
+            mk_q6k_unit(base0, g, wq0, a0, s00, s01);
+        }
+        if (TWO && Q4K && base1) {   // (Q6_K: one row at a time; its rows of E4B's widths are several tiles anyway)
+            mk_q4k_unit(base1, g, wq1, a1, b1);
+        }
+#pragma unroll
+        for (int m = 0; m < MC; ++m) {
+            if (MC == 1 || m < Mc) {
+                const mk_rec r = mk_rec_at(xq + m*cs + (size_t) g*MK_XQ_REC);
+                acc.v[m] = Q4K ? mk_q4k_dot(wq0, a0, b0, r, acc.v[m]) : mk_q6k_dot(wq0, a0, s00, s01, r, acc.v[m]);
+                if (TWO && Q4K && base1) {   // (TWO ? MC : 0: an index in range where this is dead code)
+                    acc.v[(TWO ? MC : 0) + m] = mk_q4k_dot(wq1, a1, b1, r, acc.v[(TWO ? MC : 0) + m]);
+                }
+            }
+        }
+    }
+    return acc;
+}
+
+// mk_kq_tile of a Q4_K (q4k) or Q6_K tile. Out of line, one call site per mat-vec instance: inlined into the mat-vec,
+// which sits at the register cap, it cost the one-token code's other paths spills (clang SASS, session 27: mk_mv_run<1>
+// 3 -> 19 spill instructions)
+template <int MC>
+MK_DEVICE_FN mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_groups(bool q4k, const uint8_t * base0, const uint8_t * base1, int ng,
+                                                     const uint8_t * xq, int Mc, size_t cs) {
+    if (q4k) {
+        if ((((uintptr_t) base0 | (uintptr_t) base1) & 3) != 0) {
+            MK_TRAP();   // (rows of 144-byte super-blocks in 32-byte aligned buffers: never)
+        }
+        return mk_kq_tile<true, MC>(base0, base1, ng, xq, Mc, cs);
+    }
+    return mk_kq_tile<false, MC>(base0, base1, ng, xq, Mc, cs);
+}
+
 // the pairs of Q4_0 (IS_Q4) or Q8_0 blocks of a 4-byte aligned tile at base0, for columns 0 .. Mc-1 (MC: the bound
 // of Mc the code is made for) whose input records start at xq + m*cs, into acc0[m]; TWO: also the tile at base1 with
 // the same groups (a second row: the up row of a gate/up pair, or the warp's next row) into acc1[m], each input
@@ -1419,12 +1594,14 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
             const uint8_t * base = mk_stage_buf(ws, ns, it.st) + ((uintptr_t) src & 15);
             const int type = MK_J(R, it.job, type);
-            if (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0) {
+            const bool kq = R.kq && mk_is_kq(type);   // Q4_K/Q6_K: a 32-value group per lane (mk_kq_groups)
+            if (kq || (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0)) {
                 // Q4_0/Q8_0 pairs of blocks: integer dot products with the 8-bit inputs (llama.cpp's mmvq arithmetic,
                 // per 32-value block), one pair of consecutive blocks per lane (36 or 68 bytes: 32-bit shared loads,
                 // conflict-free strides of 9 or 17 words), every column of the pass. Two rows of one tile each are
                 // taken together, each input record loaded once for both: a gate/up row pair, or this warp's next row
                 // of the mat-vec; the second row's tile is the next one (ns - 2 tiles ahead of it are in flight)
+                // Q4_K/Q6_K (kq): the same walk and row pairs, a 32-value group per lane (mk_kq_groups)
                 const bool is_q4 = type == GGML_TYPE_Q4_0;
                 const size_t cs = (size_t) KG*MK_XQ_REC;
                 mk_it nx = it;
@@ -1468,7 +1645,11 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 int nb1 = 0, g1 = 0, ng1 = 0;
                 const uint8_t * src1  = try2 ? mk_tile(R, nx, nb1, g1, ng1) : nullptr;
                 const uint8_t * base1 = src1 ? mk_stage_buf(ws, ns, nx.st) + ((uintptr_t) src1 & 15) : nullptr;
-                const bool two = src1 && ng1 == ng && ((uintptr_t) base1 & 3) == 0;
+                // (K-quant row pairs: Q4_K in the code for up to MK_MC_SMALL columns only, mk_kq_tile: a second row's sums
+                // cost the any-batch code registers, and E4B's Q6_K rows are several tiles; a row's bits are the same
+                // either way)
+                const bool two = src1 && ng1 == ng && ((uintptr_t) base1 & 3) == 0 &&
+                                 (!kq || (type == GGML_TYPE_Q4_K && MK_KQ_ROWS(MC) == 2));
                 float acc1[MC];
 #pragma unroll
                 for (int m = 0; m < MC; ++m) {
@@ -1476,11 +1657,31 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 }
                 if (two) {
                     mk_tile_wait(bk, ph, nx.st, ns - 2);
+                }
+                if (kq) {
+                    // (one call site for one and two rows: each call site of a function of its own costs the callers
+                    // registers)
+                    const auto a = mk_kq_groups<MC>(type == GGML_TYPE_Q4_K, base, two ? base1 : nullptr, ng,
+                                                    xq + (size_t) g0*MK_XQ_REC, Mc, cs);
+#pragma unroll
+                    for (int m = 0; m < MC; ++m) {
+                        acc[m] = __fadd_rn(acc[m], a.v[m]);   // (a row of several tiles: the tiles' sums in order)
+                        if (MK_KQ_ROWS(MC) == 2) {
+                            acc1[m] = __fadd_rn(acc1[m], a.v[(MK_KQ_ROWS(MC) - 1)*MC + m]);
+                        }
+                    }
+                } else if (two) {
                     if (is_q4) {
                         mk_pairs<true, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
                     } else {
                         mk_pairs<false, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
                     }
+                } else if (is_q4) {
+                    mk_pairs<true, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
+                } else {
+                    mk_pairs<false, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
+                }
+                if (two) {
                     __syncwarp();
                     // one more tile in flight (into the first tile's stage, read): ns - 1 ahead again
                     mk_fetch(R, fe, ws, ns, bk);
@@ -1508,11 +1709,6 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                         }
                     }
                     continue;
-                }
-                if (is_q4) {
-                    mk_pairs<true, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
-                } else {
-                    mk_pairs<false, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
                 }
             } else if (mk_is_q8dot(type)) {
                 // the same per block, for tiles with an odd block count or 2-byte alignment: two blocks per lane

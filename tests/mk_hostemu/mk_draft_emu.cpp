@@ -129,7 +129,7 @@ int main(int argc, char ** argv) {
     int launches = 0;
     const int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;
     mk_draft_ref::weights Wr;
-    Wr.q8_inputs = true;   // (the kernel's Q4_0/Q8_0 dot products take 8-bit inputs)
+    Wr.q8_inputs = mk_ref::MK_REF_Q8 | mk_ref::MK_REF_KQ8;   // (the kernel's Q4_0/Q8_0/Q4_K/Q6_K dot products take 8-bit inputs)
     int n_packed = 0;
 
     int fails = 0, n_same = 0, n_steps = 0, n_fold = 0;

@@ -24,11 +24,12 @@ struct result {
     std::vector<double>  margin;   // [k] the largest logit minus the second largest
 };
 
-// a plan's matrices dequantized once (by ggml's to_float), keyed by their address; q8_inputs: Q4_0/Q8_0 weights meet
-// inputs rounded to 8 bits per 32 values, as the CUDA kernel's integer dot products do (mk_ref::q8_round)
+// a plan's matrices dequantized once (by ggml's to_float), keyed by their address; q8_inputs (mk_ref::MK_REF_*): the
+// types whose weights meet inputs rounded to 8 bits per 32 values, as the CUDA kernel's integer dot products do
+// (mk_ref::q8_round, mk_ref::q8_rounds)
 struct weights {
     std::map<const void *, std::vector<float>> f;
-    bool q8_inputs = false;
+    int q8_inputs = 0;
 
     const std::vector<float> & get(const ggml_mk_weight & w) {
         auto it = f.find(w.data);
@@ -55,7 +56,7 @@ struct weights {
     vd mv(const ggml_mk_weight & w, const vd & x_in) {
         const std::vector<float> & m = get(w);
         vd x = x_in;
-        if (q8_inputs && (w.type == GGML_TYPE_Q4_0 || w.type == GGML_TYPE_Q8_0)) {
+        if (mk_ref::q8_rounds(q8_inputs, w.type)) {
             mk_ref::q8_round(x);
         }
         vd y(w.ne1, 0.0);

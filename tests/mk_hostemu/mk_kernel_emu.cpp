@@ -88,7 +88,7 @@ int main(int argc, char ** argv) {
         { true,   64, false, { GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q4_0, GGML_TYPE_F32 }, 1.0f },
     };
     model mm;
-    build(mm, defs, GGML_TYPE_Q8_0, true, gemma3);
+    build(mm, defs, GGML_TYPE_Q8_0, MK_REF_Q8 | ((variant & GGML_MK_VAR_KQ_FLOAT) ? 0 : MK_REF_KQ8), gemma3);
     ggml_mk_model & M_ = *mm.md;
     const int base_flags = planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0;
     M_.debug_flags = base_flags | variant;

@@ -118,7 +118,7 @@ int main(int argc, char ** argv) {
         { true,   64, false, { GGML_TYPE_Q5_0, GGML_TYPE_F16,  GGML_TYPE_F16,  GGML_TYPE_Q4_0, GGML_TYPE_BF16, GGML_TYPE_Q8_0,   GGML_TYPE_Q4_K,   GGML_TYPE_Q6_K, GGML_TYPE_BF16 }, 1.0f },
     };
     model mm;
-    build(mm, defs, GGML_TYPE_Q6_K, false, gemma3);   // float inputs for every type (no 8-bit input rounding)
+    build(mm, defs, GGML_TYPE_Q6_K, 0, gemma3);   // float inputs for every type (no 8-bit input rounding)
     ggml_mk_model md = *mm.md;
     md.debug_flags = planted;
 

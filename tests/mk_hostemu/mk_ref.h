@@ -74,6 +74,8 @@ static float f16r(float x) { return ggml_fp16_to_fp32(ggml_fp32_to_fp16(x)); }
 typedef std::vector<double> vd;
 // q8_inputs: Q4_0 and Q8_0 weights meet 8-bit inputs (per 32 values: d = max|x|/127, q = round(x*(1/d))),
 // as in llama.cpp's mmvq (the CUDA kernel); the reference then rounds its inputs the same way for those types
+// (MK_REF_Q8), and also for Q4_K and Q6_K (MK_REF_Q8 | MK_REF_KQ8: the CUDA kernel's default, mk_kq_groups)
+enum { MK_REF_Q8 = 1, MK_REF_KQ8 = 2 };
 static void q8_round(vd & x) {
     for (size_t b = 0; b < x.size(); b += 32) {
         float amax = 0.0f;
@@ -83,9 +85,13 @@ static void q8_round(vd & x) {
         for (size_t i = b; i < b + 32 && i < x.size(); ++i) x[i] = amax == 0.0f ? 0.0 : (double) nearbyintf((float) x[i]*id)*d;
     }
 }
-static vd mv(const wt & w, const vd & x_in, bool q8_inputs) {
+static bool q8_rounds(int q8_inputs, int type) {   // weights of this type meet 8-bit inputs
+    return ((q8_inputs & MK_REF_Q8) && (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0)) ||
+           ((q8_inputs & MK_REF_KQ8) && (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K));
+}
+static vd mv(const wt & w, const vd & x_in, int q8_inputs) {
     vd x = x_in;
-    if (q8_inputs && (w.type == GGML_TYPE_Q4_0 || w.type == GGML_TYPE_Q8_0)) {
+    if (q8_rounds(q8_inputs, w.type)) {
         q8_round(x);
     }
     vd y(w.ne1, 0.0);
@@ -125,7 +131,7 @@ static const size_t kv_elems[4] = { (size_t) kv_size*64, (size_t) kv_size*64, (s
 struct model {
     std::unique_ptr<ggml_mk_model> md;
     layer_def defs[n_layer];
-    bool q8_inputs = false;
+    int q8_inputs = 0;   // MK_REF_Q8 | MK_REF_KQ8
     bool gemma3 = false;
     std::vector<wt> keep;
     std::vector<std::vector<float>> vecs;
@@ -161,7 +167,7 @@ struct model {
 };
 
 // builds the model with the given weight types (layer_def per layer) and output type
-static void build(model & mm, const layer_def (&defs)[n_layer], ggml_type out_type, bool q8_inputs, bool gemma3 = false) {
+static void build(model & mm, const layer_def (&defs)[n_layer], ggml_type out_type, int q8_inputs, bool gemma3 = false) {
     mm.md.reset(new ggml_mk_model);
     ggml_mk_model & M_ = *mm.md;
     memset(&M_, 0, sizeof(M_));
@@ -228,7 +234,7 @@ static void build(model & mm, const layer_def (&defs)[n_layer], ggml_type out_ty
 // the float64 forward pass of token pos (after tokens 0..pos-1: it keeps their K/V rows)
 inline vd model::ref(int pos) {
     const ggml_mk_model & M_ = *md;
-    const bool q8 = q8_inputs;
+    const int q8 = q8_inputs;
     vd x(n_embd); for (int k = 0; k < n_embd; ++k) x[k] = (double) E[(size_t) pos*n_embd + k]*sqrt((double) n_embd);
     std::vector<vd> plin(n_layer);
     if (!gemma3) {
