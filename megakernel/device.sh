@@ -18,7 +18,9 @@
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), small-h = F16 with an assistant that reads the target's hidden state strongly, e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
 #   GPU (megakernel/synth_gpu.py), e2b-mtp / e4b-mtp = the same shapes as a structured pair whose drafts are accepted
-#   at a rate set by the target's noise (synth_gpu.py --noise 1, rescaled in place by stage e2e), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
+#   at a rate set by the target's noise (synth_gpu.py --noise 1, rescaled in place by stage e2e), e2b-q4km / e4b-q4km = the
+#   e2b / e4b target requantized by llama-quantize to Q4_K_M (a Q4_K_M-like mix: Q4_K, Q6_K; stage build then also builds
+#   llama-quantize), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
 #     split -n 4 -d "$(.venv/bin/stq-metal model)" .dev/mk/g3.   # here, once: 4 pieces of < 61 MiB
 #     for each piece P: run("MK_PIECE=P bash megakernel/device.sh receive", carry=[P]) in quick succession
 #     (the machine keeps /tmp only while warm: 30 s between calls); the last call verifies the sha256.
@@ -67,7 +69,9 @@ stage_build() {
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF ${MK_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; return 1; }
     local t0=$SECONDS
-    ninja -C "$BLD" -j "$JOBS" llama ${MK_TARGETS:-llama-bench} > "$OUT/build.log" 2>&1
+    local targets="${MK_TARGETS:-llama-bench}"
+    case " ${MK_MODELS:-} " in *-q4km\ *) targets="$targets llama-quantize" ;; esac   # (stage models makes them with it)
+    ninja -C "$BLD" -j "$JOBS" llama $targets > "$OUT/build.log" 2>&1
     local rc=$?
     grep -E "error|warning: .*mk\.cu|FAILED" "$OUT/build.log" | head -40
     [ $rc -eq 0 ] || return $rc
@@ -80,6 +84,7 @@ stage_build() {
 }
 
 stage_models() {
+    local m   # (e2b-q4km / e4b-q4km call this for their base model)
     for m in ${MK_MODELS:-small}; do
         case "$m" in
         small|small-f16|small-h|tiny-f16)
@@ -102,6 +107,16 @@ stage_models() {
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/megakernel/synth_gpu.py" --shape "${m%-mtp}" --noise 1 \
                     --tokenizer-from "$DEV/mk/tokenizer.gguf" --out "$MODELS/$m.gguf" --assistant "$MODELS/$m-assistant.gguf" \
                     ${MK_SYNTH_ARGS:-} | tail -3 ;;
+        e2b-q4km|e4b-q4km)   # the same target requantized by llama-quantize to Q4_K_M (its per-tensor choices: Q4_K, Q6_K
+            # for attn_v / ffn_down in its use_more_bits layers and for the output): the K-quant mat-vecs (session 27)
+            if [ ! -f "$MODELS/$m.gguf" ]; then
+                MK_MODELS="${m%-q4km}" stage_models || return 1
+                [ -x "$BLD/bin/llama-quantize" ] || { echo "$m: no $BLD/bin/llama-quantize (stage build with MK_MODELS=$m builds it)"; return 1; }
+                log "$m: llama-quantize --allow-requantize ${m%-q4km}.gguf Q4_K_M"
+                "$BLD/bin/llama-quantize" --allow-requantize "$MODELS/${m%-q4km}.gguf" "$MODELS/$m.gguf.part" Q4_K_M "$JOBS" \
+                    > "$OUT/quantize-$m.log" 2>&1 && mv "$MODELS/$m.gguf.part" "$MODELS/$m.gguf" || { tail -5 "$OUT/quantize-$m.log"; return 1; }
+                grep -oE "converting to [A-Za-z0-9_]+" "$OUT/quantize-$m.log" | sort | uniq -c
+            fi ;;
         *) echo "unknown model $m"; return 2 ;;
         esac
     done
@@ -137,7 +152,7 @@ stage_test() {
         # small-f16: F16 matrices, but a random model whose logits (and MTP hidden rows) drift from the graph's with the
         # position (1.4e-4 at 24 steps, 3.1e-3 over 60 positions on the H200, NOTES.md session 9): a bound that still
         # fails the planted bugs (hidden rows before the norm: 1e3, of the wrong token: 2.3)
-        case "$m" in small|e2b|e4b|gemma3) tol="--max-nmse 10 --max-disagree 1000" ;; small-f16) tol="--max-nmse 1e-2" ;; esac
+        case "$m" in small|e2b|e4b|e2b-q4km|e4b-q4km|gemma3) tol="--max-nmse 10 --max-disagree 1000" ;; small-f16) tol="--max-nmse 1e-2" ;; esac
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n "${MK_TEST_N:-160}" --rounds 0 $tol 2>&1 | tee -a "$OUT/test.log" | grep -v "^llama_\|^load\|^print_info\|^\.\.\.\|^init\|^graph\|^sched" | tail -40
         log "planted bug: grid barriers off (LLAMA_MEGAKERNEL_DEBUG=1) must FAIL"
         LLAMA_MEGAKERNEL_DEBUG=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 16 --rounds 0 $tol 2>&1 | tee -a "$OUT/test.log" | grep -E "teacher|verify ==|test-mk:" | tail -5 || true

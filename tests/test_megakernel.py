@@ -291,13 +291,13 @@ def test_cuda_staging_slot_by_slot_planted_bug_fails(tmp_path, cpu_build):
 
 def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
     """the Q4_K / Q6_K integer dot products on 8-bit inputs (mk_kq_groups, the default for those types) at K = 2560, 10240
-    (rows of several weight tiles) and 256, three rows (Q6_K rows 2 bytes off a word), four columns: each row within
-    1e-6 of a float64 dot product of ggml's dequantized weights, and the code made for 4 and for 8 columns equal to the
-    one-column code bit for bit"""
+    (rows of several weight tiles), 256, 1536, 1024 and 2048 (E4B, E2B, the real Gemma 3 270M), three rows (Q6_K rows 2
+    bytes off a word), four columns: each row within 1e-6 of a float64 dot product of ggml's dequantized weights, and the
+    code made for 4 and for 8 columns, and Q4_K rows taken in pairs, equal to the one-column code bit for bit"""
     exe = _build_kernel_emu(tmp_path / "mk_kq_emu", cpu_build, source=KQ_EMU)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(r.stdout[-2000:])
-    assert r.returncode == 0 and "OK K-quant integer dot products: 0 of 6 cases failed" in r.stdout, \
+    assert r.returncode == 0 and "OK K-quant integer dot products: 0 of 12 cases failed" in r.stdout, \
         r.stdout[-3000:] + r.stderr[-2000:]
 
 

@@ -20,7 +20,7 @@ t1=$SECONDS
 "$B/llama-quantize" --allow-requantize "$M/e4b.gguf" "$M/e4b-q4km.gguf" Q4_K_M 16 > "$OUT/s27A-quantize.log" 2>&1
 echo "== quantize rc=$? in $((SECONDS - t1)) s"
 grep -E "model size|quant size|converting to|^llama_model_quantize_impl" "$OUT/s27A-quantize.log" | tail -4
-grep -oE "converting to [a-z0-9_]+" "$OUT/s27A-quantize.log" | sort | uniq -c
+grep -oE "converting to [A-Za-z0-9_]+" "$OUT/s27A-quantize.log" | sort | uniq -c
 grep -E "size = .*->" "$OUT/s27A-quantize.log" | sed -E 's/.*\[ *[0-9]+\/ *[0-9]+\] *//' | awk '{print $1, $0}' | grep -E "blk\.(0|4|5|41)\.|output|token_embd|per_layer" | cut -c1-150 | head -40
 ls -la "$M"/*.gguf
 echo "== $(date -u +%T) test-mk on e4b-q4km: checks vs the graph, speed AB/BA, verify cost"

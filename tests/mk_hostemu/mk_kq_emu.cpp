@@ -1,7 +1,8 @@
 // Host emulation of the CUDA megakernel's Q4_K / Q6_K integer dot products (megakernel/cuda/mk-kernel.cuh: mk_kq_groups,
 // mk_q4k_unit, mk_q6k_unit, through cuda_emu.h) at the production widths the kernel emulation's tiny model does not
-// have: rows of K = 2560 and 10240 (E4B's hidden and FFN sizes: one tile, or several tiles of a row added in order) and
-// 256, three rows each (Q6_K's 210-byte blocks put every other row 2 bytes off a word), weights quantized by ggml's own
+// have: rows of K = 2560 and 10240 (E4B's hidden and FFN sizes: one tile, or several tiles of a row added in order),
+// 256 (the per-layer projection), 1536 (E2B's hidden size), 1024 and 2048 (the real Gemma 3 270M's Q4_K attn_output and
+// Q6_K ffn_down rows), three rows each (Q6_K's 210-byte blocks put every other row 2 bytes off a word), weights quantized by ggml's own
 // quantizer, four random input columns rounded to the kernel's 8-bit records (llama.cpp's q8_1: d = max|x|/127,
 // q = round(x/d)). One warp walks each row's tiles as mk_mv_run does (mk_jr_of's tiles, each copied from its 16-byte
 // aligned start as the weight stages are), lane sums added per tile, then the warp's butterfly sum. Checks:
@@ -107,7 +108,7 @@ int main() {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     int fails = 0, cases = 0;
     for (int type : { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K }) {
-        for (int K : { 2560, 10240, 256 }) {
+        for (int K : { 2560, 10240, 256, 1536, 1024, 2048 }) {
             const int n_rows = 3;
             const size_t rb = ggml_row_size((ggml_type) type, K);
             std::vector<float> w((size_t) n_rows*K), wf((size_t) n_rows*K);
