@@ -303,11 +303,12 @@ def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
 
 # planted bugs in the K-quant dot products, each must fail the widths test above: Q6_K's high bits not sign-extended
 # (q - 32 wrong for half the values), Q4_K's scales of groups 4..7 without their high bits, a Q6_K group taking the
-# other half's scale
+# other half's scale, a Q4_K row pair's second row computed with the first row's weights
 KQ_PLANTED = {
     "q6k_sign": ("hi += (hi & 0x02020202)*6;", "hi += 0;"),
     "q4k_scale_hi": ("sc = ((s2 >> t) & 0xF) | (((s0 >> t) >> 6 & 3) << 4);", "sc = ((s2 >> t) & 0xF);"),
     "q6k_half_scale": ("sc1 = (int) (int8_t) (sc >> 8);", "sc1 = sc0;"),
+    "q4k_pair_row": ("acc.v[(TWO ? MC : 0) + m] = mk_q4k_dot(wq1,", "acc.v[(TWO ? MC : 0) + m] = mk_q4k_dot(wq0,"),
 }
 
 
@@ -332,6 +333,17 @@ def test_cuda_kernel_on_host_kquant_planted_bug_fails(tmp_path, cpu_build):
         f"a bug in the Q4_K dot products went unnoticed by the kernel emulation:\n{r.stdout[-3000:]}"
     r = subprocess.run([str(exe), "--variant", "0x1000000"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"variant 0x1000000 still runs the Q4_K integer dot products:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_kquant_row_pairs_planted_bug_fails(tmp_path, cpu_build):
+    """the mat-vec may take K-quant rows in pairs only where mk_kq_tile computes the second row (Q4_K, code for up to 4
+    columns): letting Q6_K rows pair too (session 27's first try: the second row came back as 0) must fail the kernel
+    emulation, whose model has one-tile Q6_K rows (K = 256)"""
+    old = "(!kq || (type == GGML_TYPE_Q4_K && MK_KQ_ROWS(MC) == 2))"
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, "true")
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL .*NMSE vs float64 reference", r.stdout, re.M), \
+        f"Q6_K rows paired without a second row went unnoticed:\n{r.stdout[-3000:]}"
 
 
 # planted bugs in the heads fold (GGML_MK_VAR_FOLD_HEADS), run where every layer step folds: the step's new K/V rows not
