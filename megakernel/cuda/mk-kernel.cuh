@@ -1307,30 +1307,8 @@ MK_DEVICE mk_rec mk_rec_at(const uint8_t * rec) {
     return r;
 }
 
-// acc + d_w*d_x*(sum_i w_i*q_i) for one block (Q4_0: w_i = nibble - 8, from the sum of q), with r the block's
-// 8-bit inputs
-MK_DEVICE float mk_dot_rec(const unsigned (&wq)[8], float dw, const mk_rec & r, bool is_q4, float acc) {
-    // two independent chains of 4 (integer sums are exact: the same si in any order), half the dependent latency
-    int sa = 0;
-    int sb = 0;
-    sa = __dp4a((int) wq[0], r.x0.x, sa);
-    sb = __dp4a((int) wq[4], r.x1.x, sb);
-    sa = __dp4a((int) wq[1], r.x0.y, sa);
-    sb = __dp4a((int) wq[5], r.x1.y, sb);
-    sa = __dp4a((int) wq[2], r.x0.z, sa);
-    sb = __dp4a((int) wq[6], r.x1.z, sb);
-    sa = __dp4a((int) wq[3], r.x0.w, sa);
-    sb = __dp4a((int) wq[7], r.x1.w, sb);
-    const int si = sa + sb;
-    const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, r.dq.y)) : (float) si;
-    return fmaf(__fmul_rn(dw, r.dq.x), sf, acc);
-}
-
-MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec, bool is_q4, float acc) {
-    return mk_dot_rec(wq, dw, mk_rec_at(rec), is_q4, acc);
-}
-
-// sum_i w_i*q_i over a block's 32 8-bit inputs (r) in halves: s0 of values 0..15 (wq[0..3]), s1 of 16..31
+// sum_i w_i*q_i over a block's 32 8-bit inputs (r) in halves: s0 of values 0..15 (wq[0..3]), s1 of 16..31 (two
+// independent chains)
 MK_DEVICE void mk_dot_halves(const unsigned (&wq)[8], const mk_rec & r, int & s0, int & s1) {
     s0 = __dp4a((int) wq[0], r.x0.x, 0);
     s1 = __dp4a((int) wq[4], r.x1.x, 0);
@@ -1340,6 +1318,21 @@ MK_DEVICE void mk_dot_halves(const unsigned (&wq)[8], const mk_rec & r, int & s0
     s1 = __dp4a((int) wq[6], r.x1.z, s1);
     s0 = __dp4a((int) wq[3], r.x0.w, s0);
     s1 = __dp4a((int) wq[7], r.x1.w, s1);
+}
+
+// acc + d_w*d_x*(sum_i w_i*q_i) for one block (Q4_0: w_i = nibble - 8, from the sum of q), with r the block's
+// 8-bit inputs
+MK_DEVICE float mk_dot_rec(const unsigned (&wq)[8], float dw, const mk_rec & r, bool is_q4, float acc) {
+    // two independent chains of 4 (integer sums are exact: the same si in any order), half the dependent latency
+    int sa, sb;
+    mk_dot_halves(wq, r, sa, sb);
+    const int si = sa + sb;
+    const float sf = is_q4 ? __fsub_rn((float) si, __fmul_rn(8.0f, r.dq.y)) : (float) si;
+    return fmaf(__fmul_rn(dw, r.dq.x), sf, acc);
+}
+
+MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec, bool is_q4, float acc) {
+    return mk_dot_rec(wq, dw, mk_rec_at(rec), is_q4, acc);
 }
 
 // 8 words at a 2-byte aligned address p (a Q6_K block is 210 bytes): the aligned words around it, funnel-shifted
