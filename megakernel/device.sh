@@ -114,7 +114,8 @@ stage_models() {
                 [ -x "$BLD/bin/llama-quantize" ] || { echo "$m: no $BLD/bin/llama-quantize (stage build with MK_MODELS=$m builds it)"; return 1; }
                 log "$m: llama-quantize --allow-requantize ${m%-q4km}.gguf Q4_K_M"
                 "$BLD/bin/llama-quantize" --allow-requantize "$MODELS/${m%-q4km}.gguf" "$MODELS/$m.gguf.part" Q4_K_M "$JOBS" \
-                    > "$OUT/quantize-$m.log" 2>&1 && mv "$MODELS/$m.gguf.part" "$MODELS/$m.gguf" || { tail -5 "$OUT/quantize-$m.log"; return 1; }
+                    > "$OUT/quantize-$m.log" 2>&1 && mv "$MODELS/$m.gguf.part" "$MODELS/$m.gguf" ||
+                    { tail -5 "$OUT/quantize-$m.log"; rm -f "$MODELS/$m.gguf.part"; return 1; }
                 grep -oE "converting to [A-Za-z0-9_]+" "$OUT/quantize-$m.log" | sort | uniq -c
             fi ;;
         *) echo "unknown model $m"; return 2 ;;

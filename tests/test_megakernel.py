@@ -490,3 +490,34 @@ def test_bench_megakernel_runs_end_to_end_on_the_cpu_build(tmp_path, cpu_build, 
     assert rc == 0 and res["megakernel"].startswith("off"), res
     assert res["megakernel_tok_s"] > 0 and res["graph_tok_s"] > 0 and 0.2 < res["ratio"] < 5, res
     assert sorted(res["verify_megakernel"]) == ["1", "2", "3", "4", "5"], res
+
+
+def test_device_script_makes_the_q4km_models_with_llama_quantize(tmp_path):
+    """megakernel/device.sh's stage models for e4b-q4km (the CUDA half runs on the lent H200 only; this is its CPU-side
+    logic): the base target made or found first, then llama-quantize --allow-requantize BASE OUT.part Q4_K_M with the
+    finished file moved into place only after it succeeds, and a failing quantize leaves no model behind"""
+    work = tmp_path / "work"
+    (work / "build" / "bin").mkdir(parents=True)
+    (work / "models").mkdir()
+    for name in ("e4b.gguf", "e4b-assistant.gguf"):   # (present: stage models skips the GPU generator)
+        (work / "models" / name).write_bytes(b"base")
+    fake = work / "build" / "bin" / "llama-quantize"
+    fake.write_text("#!/bin/bash\necho \"args: $*\"\necho '[1/2] a - type = q4_0, converting to q4_K ..'\n"
+                    "echo '[2/2] b - type = q4_0, converting to q6_K ..'\necho partial > \"$3\"\n"
+                    "[ -n \"$FAIL_Q\" ] && exit 3\necho q4km > \"$3\"\n")
+    fake.chmod(0o755)
+    script = (MK / "device.sh").read_text()
+    body = script[script.index("set -uo pipefail"):script.index("GEMMA3_SHA256=")]
+    driver = tmp_path / "drive.sh"
+    driver.write_text(body + "\nstage_models\n")
+    env = {**os.environ, "MK_WORK": str(work), "OUT": str(tmp_path / "out"), "MK_MODELS": "e4b-q4km", "MK_JOBS": "2"}
+    r = subprocess.run(["bash", str(driver)], capture_output=True, text=True, env={**env, "FAIL_Q": "1"}, timeout=60)
+    assert r.returncode != 0 and not (work / "models" / "e4b-q4km.gguf").exists(), r.stdout + r.stderr
+    assert not (work / "models" / "e4b-q4km.gguf.part").exists(), "a failed quantize left its partial file behind"
+    r = subprocess.run(["bash", str(driver)], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (work / "models" / "e4b-q4km.gguf").read_text() == "q4km\n"
+    assert not (work / "models" / "e4b-q4km.gguf.part").exists()
+    log = (tmp_path / "out" / "quantize-e4b-q4km.log").read_text()
+    assert f"args: --allow-requantize {work}/models/e4b.gguf {work}/models/e4b-q4km.gguf.part Q4_K_M 2" in log, log
+    assert re.search(r"1 converting to q4_K\s+1 converting to q6_K", r.stdout), r.stdout
