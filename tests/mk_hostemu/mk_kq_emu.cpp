@@ -2,9 +2,9 @@
 // mk_q4k_unit, mk_q6k_unit, through cuda_emu.h) at the production widths the kernel emulation's tiny model does not
 // have: rows of K = 2560 and 10240 (E4B's hidden and FFN sizes: one tile, or several tiles of a row added in order),
 // 256 (the per-layer projection), 1536 (E2B's hidden size), 1024 and 2048 (the real Gemma 3 270M's Q4_K attn_output and
-// Q6_K ffn_down rows), three rows each (Q6_K's 210-byte blocks put every other row 2 bytes off a word), weights quantized by ggml's own
-// quantizer, four random input columns rounded to the kernel's 8-bit records (llama.cpp's q8_1: d = max|x|/127,
-// q = round(x/d)). One warp walks each row's tiles as mk_mv_run does (mk_jr_of's tiles, each copied from its 16-byte
+// Q6_K ffn_down rows), three rows each (Q6_K's 210-byte blocks put every other row 2 bytes off a word), weights
+// quantized by ggml's own quantizer, four random input columns rounded to the kernel's 8-bit records (llama.cpp's q8_1:
+// d = max|x|/127, q = round(x/d)). One warp walks each row's tiles as mk_mv_run does (mk_jr_of's tiles, each copied from its 16-byte
 // aligned start as the weight stages are), lane sums added per tile, then the warp's butterfly sum. Checks:
 //  - each row and column against a float64 dot product of ggml's dequantized weights with the rounded inputs
 //    (relative to sum |w*x|: <= 1e-6; float32 sums land ~1e-8 off);
