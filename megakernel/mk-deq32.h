@@ -19,6 +19,16 @@ MK_DEQ_FN float mk_h2f(MK_DEQ_DEV const uint8_t * p) {
     return mk_f16((uint16_t) (p[0] | (p[1] << 8)));
 }
 
+// the 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block from its 12 scale bytes sc (ggml's
+// get_scale_min_k4), as scale | min << 8: one copy of the packing for the float decoding below and the CUDA kernel's
+// integer dot products (mk_q4k_unit)
+MK_DEQ_FN int mk_q4k_scale_min(MK_DEQ_DEV const uint8_t * sc, int j) {
+    if (j < 4) {
+        return (sc[j] & 63) | (sc[j + 4] & 63) << 8;
+    }
+    return ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4)) | ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)) << 8;
+}
+
 // group g = values 32g..32g+31 of the row; lim = how many of them exist (< 32 only at the end of a
 // float row whose length is not a multiple of 32: quantized rows always hold whole blocks)
 MK_DEQ_FN void mk_deq32(MK_DEQ_DEV const uint8_t * row, int type, int g, int lim, MK_DEQ_OUT w) {
@@ -70,17 +80,9 @@ MK_DEQ_FN void mk_deq32(MK_DEQ_DEV const uint8_t * row, int type, int g, int lim
         case MK_DEQ_T(Q4_K): { // 144 bytes per 256: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
             MK_DEQ_DEV const uint8_t * b  = row + 144*(g/8);
             const int                  j  = g % 8;
-            MK_DEQ_DEV const uint8_t * sc = b + 4;
-            int s, mn;
-            if (j < 4) {
-                s  = sc[j] & 63;
-                mn = sc[j + 4] & 63;
-            } else {
-                s  = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-                mn = (sc[j + 4] >>  4) | ((sc[j]     >> 6) << 4);
-            }
-            const float d  = mk_h2f(b)*(float) s;
-            const float dm = mk_h2f(b + 2)*(float) mn;
+            const int                  sm = mk_q4k_scale_min(b + 4, j);
+            const float d  = mk_h2f(b)*(float) (sm & 0xff);
+            const float dm = mk_h2f(b + 2)*(float) (sm >> 8);
             MK_DEQ_DEV const uint8_t * qs = b + 16 + 32*(j/2);
             const int sh = 4*(j % 2);
             MK_UNROLL

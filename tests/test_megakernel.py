@@ -302,11 +302,14 @@ def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
 
 
 # planted bugs in the K-quant dot products, each must fail the widths test above: Q6_K's high bits not sign-extended
-# (q - 32 wrong for half the values), Q4_K's scales of groups 4..7 without their high bits, a Q6_K group taking the
-# other half's scale, a Q4_K row pair's second row computed with the first row's weights
+# (q - 32 wrong for half the values), Q4_K's min taken from the scale's bits, a Q6_K group taking the other half's
+# scale, a Q4_K row pair's second row computed with the first row's weights (the scale packing itself,
+# mk-deq32.h's mk_q4k_scale_min, is shared with the float decoding that tests/mk_hostemu/mk_deq_emu.cpp checks
+# against ggml's dequantizer)
 KQ_PLANTED = {
     "q6k_sign": ("hi += (hi & 0x02020202)*6;", "hi += 0;"),
-    "q4k_scale_hi": ("sc = ((s2 >> t) & 0xF) | (((s0 >> t) >> 6 & 3) << 4);", "sc = ((s2 >> t) & 0xF);"),
+    "q4k_min": ("b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) (sm >> 8));",
+                "b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) (sm & 0xff));"),
     "q6k_half_scale": ("sc1 = (int) (int8_t) (sc >> 8);", "sc1 = sc0;"),
     "q4k_pair_row": ("acc.v[(TWO ? MC : 0) + m] = mk_q4k_dot(wq1,", "acc.v[(TWO ? MC : 0) + m] = mk_q4k_dot(wq0,"),
 }

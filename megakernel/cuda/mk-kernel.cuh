@@ -1355,25 +1355,16 @@ MK_DEVICE void mk_words8_2a(const uint8_t * p, unsigned (&w)[8]) {
 // scales and mins, 128 bytes of nibbles; group g of a super-block: the low (g even) or high nibbles of the 32 bytes of
 // its 64-value chunk), w = d*sc*q - dmin*mn: sum_i w_i*x_i = dx*(d*sc*sum_i q_i*xq_i - dmin*mn*sum_i xq_i)
 MK_DEVICE void mk_q4k_unit(const uint8_t * base, int g, unsigned (&wq)[8], float & a, float & b) {
-    const unsigned * w  = (const unsigned *) (base + 144*(g/8));   // (4-byte aligned: the caller checks)
+    const unsigned * w  = (const unsigned *) (base + 144*(g/8));   // (4-byte aligned: mk_cuda_create checks)
     const int        j  = g % 8;
-    const unsigned   s0 = w[1], s1 = w[2], s2 = w[3];             // the scale bytes 0..3, 4..7, 8..11
-    int sc, mn;
-    if (j < 4) {
-        sc = (s0 >> 8*j) & 63;
-        mn = (s1 >> 8*j) & 63;
-    } else {
-        const int t = 8*(j - 4);
-        sc = ((s2 >> t) & 0xF) | (((s0 >> t) >> 6 & 3) << 4);
-        mn = ((s2 >> t) >> 4 & 0xF) | (((s1 >> t) >> 6 & 3) << 4);
-    }
+    const int        sm = mk_q4k_scale_min((const uint8_t *) (w + 1), j);   // (mk-deq32.h)
     const int sh = 4*(j % 2);
     MK_UNROLL
     for (int k = 0; k < 8; ++k) {
         wq[k] = (w[4 + 8*(j/2) + k] >> sh) & 0x0F0F0F0F;
     }
-    a = __fmul_rn(mk_f16((uint16_t) (w[0] & 0xffff)), (float) sc);
-    b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) mn);
+    a = __fmul_rn(mk_f16((uint16_t) (w[0] & 0xffff)), (float) (sm & 0xff));
+    b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) (sm >> 8));
 }
 
 MK_DEVICE float mk_q4k_dot(const unsigned (&wq)[8], float a, float b, const mk_rec & r, float acc) {
@@ -1478,7 +1469,7 @@ MK_DEVICE_FN mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_groups(bool q4k, const uint8_t * b
                                                      const uint8_t * xq, int Mc, size_t cs) {
     if (q4k) {
         if ((((uintptr_t) base0 | (uintptr_t) base1) & 3) != 0) {
-            MK_TRAP();   // (rows of 144-byte super-blocks in 32-byte aligned buffers: never)
+            MK_TRAP();   // (mk_cuda_create refuses such Q4_K rows, naming the tensor)
         }
         return mk_kq_tile<true, MC>(base0, base1, ng, xq, Mc, cs);
     }

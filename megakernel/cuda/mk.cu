@@ -168,6 +168,13 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
                 delete mk;
                 return nullptr;
             }
+            // the Q4_K integer dot products read a super-block's words (mk_q4k_unit)
+            if (w->type == GGML_TYPE_Q4_K && ((uintptr_t) w->data % 4 != 0 || w->nb1 % 4 != 0)) {
+                snprintf(err, err_size, "%s: Q4_K rows not 4-byte aligned (data %p, row stride %llu bytes)", name.c_str(),
+                         w->data, (unsigned long long) w->nb1);
+                delete mk;
+                return nullptr;
+            }
         }
         // the norm vectors are read 16 bytes at a time by the staging
         std::vector<std::pair<std::string, const float *>> nv = { { "output_norm", model->output_norm } };
