@@ -67,7 +67,7 @@ def test_weight_decoding_matches_ggml(tmp_path, cpu_build):
 @pytest.mark.parametrize("old,new,type_name", [
     ("w[j + 16] = d*(float) ((q >>  4) - 8);", "w[j + 16] = d*(float) ((q & 0xF) - 8);", "q4_0"),
     ("const int h1 = (int) ((qh >> (j + 16)) & 1);", "const int h1 = (int) ((qh >> (j + 12)) & 1);", "q5_0"),
-    ("mn = (sc[j + 4] >>  4) | ((sc[j]     >> 6) << 4);", "mn = (sc[j + 4] >>  4) | ((sc[j - 4] >> 6) << 4);", "q4_K"),
+    ("((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)) << 8;", "((sc[j + 4] >> 4) | ((sc[j - 4] >> 6) << 4)) << 8;", "q4_K"),
     ("const int lsh = (qd >> 1)*4;", "const int lsh = (qd & 1)*4;", "q6_K"),
     ("w[gi + 16] = d*(float) (((pat >> (2*p0 + 2)) & 3) - 1);", "w[gi + 16] = d*(float) (((pat >> (2*p0 + 1)) & 3) - 1);", "stq1_0"),
     ("for (int j = 0; j < 32; ++j) w[j] = j < lim ? r[j] : 0.0f;", "for (int j = 0; j < 32; ++j) w[j] = r[j];", "f32"),
