@@ -163,6 +163,14 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_KQ_FLOAT          0x1000000 // (before) Q4_K / Q6_K weights meet the float inputs (mk_deq32, a float FMA per
                                               // weight), not the 8-bit records with integer dot products (mk_kq_groups, as
                                               // llama.cpp's mmvq); other bits: the 8-bit rounding of the inputs
+#define GGML_MK_VAR_PAIR_TAIL         0x2000000 // (before) a tile's last Q4_0/Q8_0 block pairs taken as pairs by fewer lanes, not
+                                              // one block per lane where they fill at most half a round (E4B's rows of 2560:
+                                              // 40 pairs, lanes 0..7 took a second pair; now lanes 0..15 a block each); other
+                                              // bits: a lane's sums
+#define GGML_MK_VAR_KQ_TILES          0x4000000 // (before) Q4_K / Q6_K rows of several tiles cut into tiles of equal size, not the
+                                              // first tiles in multiples of 32 groups (one per lane) where the last still
+                                              // fits (Q6_K rows of 2560: 40 + 40 groups, 4 lane rounds, now 32 + 48, 3); other
+                                              // bits: a lane's sums
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -290,24 +290,41 @@ def test_cuda_staging_slot_by_slot_planted_bug_fails(tmp_path, cpu_build):
 
 
 def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
-    """the Q4_K / Q6_K integer dot products on 8-bit inputs (mk_kq_groups, the default for those types) at K = 2560, 10240
-    (rows of several weight tiles), 256, 1536, 1024 and 2048 (E4B, E2B, the real Gemma 3 270M), three rows (Q6_K rows 2
-    bytes off a word), four columns: each row within 1e-6 of a float64 dot product of ggml's dequantized weights, and the
-    code made for 4 and for 8 columns, and Q4_K rows taken in pairs, equal to the one-column code bit for bit"""
+    """the integer dot products on 8-bit inputs at production widths, K = 2560, 10240 (rows of several weight tiles), 256,
+    1536, 1024, 2048 and 640 (E4B, E2B, the real Gemma 3 270M), three rows (Q6_K rows 2 bytes off a word), four columns:
+    Q4_K / Q6_K (mk_kq_groups) and Q4_0 / Q8_0 (mk_pairs), each row within 1e-6 of a float64 dot product of ggml's
+    dequantized weights, and the code made for 4 and for 8 columns, and rows taken in pairs, equal to the one-column code
+    bit for bit; also in the forms before session 28 (GGML_MK_VAR_PAIR_TAIL, GGML_MK_VAR_KQ_TILES). The default's new
+    forms must have run where they apply: a Q4_0 row of 2560 values (40 pairs: a tail of 16 blocks) and a Q6_K row of 2560
+    (tiles of 32 + 48 groups, not 40 + 40) get other bits than the old forms, rows without a tail or a second tile the
+    same"""
     exe = _build_kernel_emu(tmp_path / "mk_kq_emu", cpu_build, source=KQ_EMU)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    print(r.stdout[-2000:])
-    assert r.returncode == 0 and "OK K-quant integer dot products: 0 of 12 cases failed" in r.stdout, \
+    print(r.stdout[-3000:])
+    assert r.returncode == 0 and "OK integer dot products: 0 of 52 cases failed" in r.stdout, \
         r.stdout[-3000:] + r.stderr[-2000:]
+    changed = {(t, int(k)): int(n) for t, k, n in
+               re.findall(r"^(\w+) K=(\d+): (?:tail|32-group tiles) changed the bits of (\d+) of 12 outputs", r.stdout, re.M)}
+    assert len(changed) == 26, r.stdout[-3000:]
+    assert changed[("q4_0", 2560)] > 0 and changed[("q4_0", 10240)] > 0 and changed[("q6_K", 2560)] > 0, changed
+    # (no tail: 32 pairs or fewer, or more than half a round past the last full one; Q8_0 never; one-tile K-quant rows)
+    for key in [("q4_0", 2048), ("q4_0", 256), ("q4_0", 1536), ("q4_0", 640), ("q8_0", 2560), ("q8_0", 10240),
+                ("q4_K", 2560), ("q6_K", 1536), ("q6_K", 10240)]:
+        assert changed[key] == 0, (key, changed)
 
 
-# planted bugs in the K-quant dot products, each must fail the widths test above: Q6_K's high bits not sign-extended
-# (q - 32 wrong for half the values), Q4_K's min taken from the scale's bits, a Q6_K group taking the other half's
-# scale, a Q4_K row pair's second row computed with the first row's weights (the scale packing itself,
-# mk-deq32.h's mk_q4k_scale_min, is shared with the float decoding that tests/mk_hostemu/mk_deq_emu.cpp checks
-# against ggml's dequantizer)
+# planted bugs in the integer dot products, each must fail the widths test above: Q6_K's q - 32 right in only three bytes of
+# a word, Q6_K's d not divided by 4 (its words hold 4*(q - 32)), Q4_K's min taken from the scale's bits, a Q6_K group
+# taking the other half's scale, a Q4_K row pair's second row computed with the first row's weights (the scale packing
+# itself, mk-deq32.h's mk_q4k_scale_min, is shared with the float decoding that tests/mk_hostemu/mk_deq_emu.cpp checks
+# against ggml's dequantizer); a Q4_0 tail block with its pair's first block's record, every tail block decoded as its
+# pair's first, one lane too many taking a tail block
 KQ_PLANTED = {
-    "q6k_sign": ("hi += (hi & 0x02020202)*6;", "hi += 0;"),
+    "q6k_offset": ("(h[k] << hsh) & 0xC0C0C0C0)) ^ 0x80808080;", "(h[k] << hsh) & 0xC0C0C0C0)) ^ 0x00808080;"),
+    "q6k_quarter": ("(blk + 208)), 0.25f);", "(blk + 208)), 0.5f);"),
+    "tail_record": ("mk_rec_at(xq + m*cs + (size_t) (2*p + hb)*MK_XQ_REC);", "mk_rec_at(xq + m*cs + (size_t) (2*p + h)*MK_XQ_REC);"),
+    "tail_half": ("h0   = p0 % 2;", "h0   = 0;"),
+    "tail_lanes": ("if (p0 >= nt) {", "if (p0 > nt) {"),
     "q4k_min": ("b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) (sm >> 8));",
                 "b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) (sm & 0xff));"),
     "q6k_half_scale": ("sc1 = (int) (int8_t) (sc >> 8);", "sc1 = sc0;"),
@@ -320,8 +337,8 @@ def test_cuda_kquant_dot_products_planted_bug_fails(tmp_path, cpu_build, bug):
     old, new = KQ_PLANTED[bug]
     exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=KQ_EMU)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0 and re.search(r"^FAIL q[46]_K K=", r.stdout, re.M), \
-        f"planted bug {bug} in the K-quant dot products went unnoticed:\n{r.stdout[-3000:]}"
+    assert r.returncode != 0 and re.search(r"^FAIL q[468]_[0K] K=", r.stdout, re.M), \
+        f"planted bug {bug} in the integer dot products went unnoticed:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kernel_on_host_kquant_planted_bug_fails(tmp_path, cpu_build):

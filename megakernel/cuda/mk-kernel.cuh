@@ -372,8 +372,9 @@ struct mk_jr {
     float           softcap;
 };
 
-// pack: rows may be packed (the default; GGML_MK_VAR_ROW_TILES turns it off)
-MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack) {
+// pack: rows may be packed (the default; GGML_MK_VAR_ROW_TILES turns it off); kq32: K-quant tiles in multiples of 32
+// groups (the default; GGML_MK_VAR_KQ_TILES turns it off)
+MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack, bool kq32) {
     mk_jr r;
     r.data    = (const uint8_t *) jb.w.data;
     r.y       = jb.y;
@@ -387,7 +388,13 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack) {
     const int nsg   = (r.ne0 + 255)/256;
     const int bytes = (int) (((int64_t) r.ne0*b256)/256);
     r.nseg = (bytes + MK_TB - 1)/MK_TB;
-    const int sgps = (nsg + r.nseg - 1)/r.nseg;   // 256-value groups per tile
+    int sgps = (nsg + r.nseg - 1)/r.nseg;   // 256-value groups per tile
+    if (kq32 && mk_is_kq(r.type) && r.nseg > 1 && sgps > 4 && sgps % 4 != 0 &&
+        (nsg - (r.nseg - 1)*(sgps/4*4))*b256 <= MK_TB) {
+        // K-quants take a 32-value group per lane: the first tiles in whole rounds of lanes (4 super-blocks each), the
+        // rest in the last tile where it fits (Q6_K rows of 2560 values: 32 + 48 groups, 3 rounds, not 40 + 40, 4)
+        sgps = sgps/4*4;
+    }
     r.tb   = sgps*b256;
     r.tg   = sgps*8;
     const int v0 = (r.nseg - 1)*sgps*256;   // the last tile's first value
@@ -422,6 +429,8 @@ struct mk_mvr {
                     // GGML_MK_VAR_ITEM_STAGE)
     int   kq;       // Q4_K / Q6_K jobs take the 8-bit inputs (integer dot products), unless GGML_MK_VAR_KQ_FLOAT (0:
                     // the float inputs and mk_deq32, the way before)
+    int   tail;     // a tile's last Q4_0/Q8_0 pairs one block per lane where they fill at most half a round (mk_pairs),
+                    // unless GGML_MK_VAR_PAIR_TAIL (0: as pairs)
 };
 
 // field f of job j (0..2) of R
@@ -434,14 +443,16 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
         return R;   // (a weight the model does not have: never run)
     }
     const bool pack = !mv.pair && !(flags & GGML_MK_VAR_ROW_TILES);   // (a gate/up pair: one row of each per unit)
-    R.j[0]    = mk_jr_of(mv.jobs[0], pack);
-    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1], pack) : R.j[0];
-    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack) : R.j[0];
+    const bool kq32 = !(flags & GGML_MK_VAR_KQ_TILES);
+    R.j[0]    = mk_jr_of(mv.jobs[0], pack, kq32);
+    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1], pack, kq32) : R.j[0];
+    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack, kq32) : R.j[0];
     R.pair  = mv.pair;
     R.norm  = mv.norm;
     R.spread = (flags & GGML_MK_VAR_BLOCK_UNITS) == 0;
     R.small  = (flags & GGML_MK_VAR_WIDE_M) ? 0 : (flags & GGML_MK_VAR_ITEM_STAGE) ? 1 : 2;
     R.kq     = (flags & GGML_MK_VAR_KQ_FLOAT) == 0;
+    R.tail   = (flags & GGML_MK_VAR_PAIR_TAIL) == 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -1265,32 +1276,25 @@ MK_DEVICE void mk_unpack_q(const unsigned * q, bool is_q4, unsigned (&wq)[8]) {
 
 // block 2p+h (h = 0, 1) of a 4-byte aligned tile, a pair of blocks being 9 words for Q4_0 (d0 | q0[0..1],
 // q0[2..13], q0[14..15] | d1, q1) or 17 for Q8_0 (d0 | q0[0..1], ..., q0[30..31] | d1, q1): block 0's quants sit
-// 2 bytes off a word, block 1's on words
+// 2 bytes off a word, block 1's on words. Without branches, so that h may vary across a warp's lanes (a tile's last
+// blocks, mk_pairs): the words from the block's d on, shifted by 16 bits (h = 0) or 32 (h = 1: __funnelshift_rc clamps
+// the shift, the next word whole); with h known at compile time this is the code of the two cases written apart
 MK_DEVICE float mk_pair_block(const uint8_t * base, int p, int h, bool is_q4, unsigned (&wq)[8]) {
     const int nq = is_q4 ? 4 : 8;   // quant words of a block
-    const unsigned * w = (const unsigned *) (base + 4*(2*nq + 1)*p);
+    const unsigned * w = (const unsigned *) (base + 4*(2*nq + 1)*p) + h*nq;
+    const int sh = 16 + 16*h;
+    unsigned v[9];
     unsigned q[8];
-    float d;
-    if (h == 0) {
-        unsigned v[9];
 #pragma unroll
-        for (int k = 0; k < 9; ++k) {
-            v[k] = k <= nq ? w[k] : 0;
-        }
+    for (int k = 0; k < 9; ++k) {
+        v[k] = k <= nq ? w[k] : 0;
+    }
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            q[k] = k < nq ? __funnelshift_r(v[k], v[k + 1], 16) : 0;
-        }
-        d = mk_f16((uint16_t) (v[0] & 0xffff));
-    } else {
-        d = mk_f16((uint16_t) (w[nq] >> 16));
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            q[k] = k < nq ? w[nq + 1 + k] : 0;
-        }
+    for (int k = 0; k < 8; ++k) {
+        q[k] = k < nq ? __funnelshift_rc(v[k], v[k + 1], sh) : 0;
     }
     mk_unpack_q(q, is_q4, wq);
-    return d;
+    return mk_f16((uint16_t) ((v[0] >> (16*h)) & 0xffff));
 }
 
 // a block's 8-bit inputs as staged (MK_XQ_REC bytes): 32 values, then d and the sum of q
@@ -1355,13 +1359,17 @@ MK_DEVICE void mk_words8_2a(const uint8_t * p, unsigned (&w)[8]) {
 // scales and mins, 128 bytes of nibbles; group g of a super-block: the low (g even) or high nibbles of the 32 bytes of
 // its 64-value chunk), w = d*sc*q - dmin*mn: sum_i w_i*x_i = dx*(d*sc*sum_i q_i*xq_i - dmin*mn*sum_i xq_i)
 MK_DEVICE void mk_q4k_unit(const uint8_t * base, int g, unsigned (&wq)[8], float & a, float & b) {
-    const unsigned * w  = (const unsigned *) (base + 144*(g/8));   // (4-byte aligned: mk_cuda_create checks)
+    const unsigned * w  = (const unsigned *) (base + 144*(g/8));   // (16-byte aligned: mk_cuda_create checks)
     const int        j  = g % 8;
     const int        sm = mk_q4k_scale_min((const uint8_t *) (w + 1), j);   // (mk-deq32.h)
     const int sh = 4*(j % 2);
+    const uint4 * qv = (const uint4 *) (w + 4 + 8*(j/2));   // the chunk's 32 bytes in two 16-byte loads
+    const uint4 q0 = qv[0];
+    const uint4 q1 = qv[1];
+    const unsigned q[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
     MK_UNROLL
     for (int k = 0; k < 8; ++k) {
-        wq[k] = (w[4 + 8*(j/2) + k] >> sh) & 0x0F0F0F0F;
+        wq[k] = (q[k] >> sh) & 0x0F0F0F0F;
     }
     a = __fmul_rn(mk_f16((uint16_t) (w[0] & 0xffff)), (float) (sm & 0xff));
     b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) (sm >> 8));
@@ -1376,33 +1384,34 @@ MK_DEVICE float mk_q4k_dot(const unsigned (&wq)[8], float a, float b, const mk_r
 
 // Q6_K (210 bytes per 256: ql[128], qh[64], int8 scales[16], d; group g = 4n + qd of a block: the low (qd < 2) or high
 // nibbles of ql[64n + 32(qd % 2) ..], bits 2qd of qh[32n ..], a scale per 16 values), w = d*sc*(q - 32): the words
-// hold q - 32 as int8 (the 2 high bits h as (h - 2) sign-extended to a nibble), sc0, sc1 the two halves' scales
+// hold 4*(q - 32) as int8 (the 6-bit q in bits 2..7 with the top bit flipped: 4q - 128, no sign extension to build),
+// so the dot products are 4 times q - 32's and d comes back divided by 4 (exact: the same bits in the end); sc0, sc1
+// the two halves' scales
 MK_DEVICE void mk_q6k_unit(const uint8_t * base, int g, unsigned (&wq)[8], float & d, int & sc0, int & sc1) {
     const uint8_t * blk = base + 210*(g/8);   // (2-byte aligned)
     const int n  = (g % 8)/4;
     const int qd = g % 4;
-    // the low 4 bits, then the high 2
+    // the low 4 bits to bits 2..5 of each byte, the high 2 to bits 6..7
     const int lsh = 4*(qd/2);
-    const int hsh = 2*qd;
+    const int hsh = 6 - 2*qd;
     mk_words8_2a(blk + 64*n + 32*(qd % 2), wq);
     MK_UNROLL
     for (int k = 0; k < 8; ++k) {
-        wq[k] = (wq[k] >> lsh) & 0x0F0F0F0F;
+        wq[k] = ((wq[k] >> lsh) & 0x0F0F0F0F) << 2;
     }
     unsigned h[8];
     mk_words8_2a(blk + 128 + 32*n, h);
     MK_UNROLL
     for (int k = 0; k < 8; ++k) {
-        unsigned hi = ((h[k] >> hsh) & 0x03030303) ^ 0x02020202;   // (h - 2) mod 4
-        hi += (hi & 0x02020202)*6;                                 // sign-extended to 4 bits
-        wq[k] |= hi << 4;
+        wq[k] = (wq[k] | ((h[k] << hsh) & 0xC0C0C0C0)) ^ 0x80808080;
     }
     const unsigned sc = *(const uint16_t *) (blk + 192 + 8*n + 2*qd);
     sc0 = (int) (int8_t) (sc & 0xff);
     sc1 = (int) (int8_t) (sc >> 8);
-    d   = mk_f16(*(const uint16_t *) (blk + 208));
+    d   = __fmul_rn(mk_f16(*(const uint16_t *) (blk + 208)), 0.25f);
 }
 
+// (d: mk_q6k_unit's, a quarter of the block's; the sums 4 times q - 32's: d*dx*t is exactly the product with the true ones)
 MK_DEVICE float mk_q6k_dot(const unsigned (&wq)[8], float d, int sc0, int sc1, const mk_rec & r, float acc) {
     int s0, s1;
     mk_dot_halves(wq, r, s0, s1);
@@ -1420,7 +1429,7 @@ struct mk_accs {
 // the rows a call of the code for MC columns can take: 2 up to MK_MC_SMALL columns, 1 in the any-batch code (base1 null)
 #define MK_KQ_ROWS(MC) ((MC) <= MK_MC_SMALL ? 2 : 1)
 
-// the ng 32-value groups of a Q4_K (Q4K) or Q6_K tile at base0 (Q4_K: 4-byte aligned), lane-strided, for columns 0 .. Mc-1
+// the ng 32-value groups of a Q4_K (Q4K) or Q6_K tile at base0 (Q4_K: 16-byte aligned), lane-strided, for columns 0 .. Mc-1
 // whose input records start at xq + m*cs: the lane's sum over them per column in v[m] (the caller adds it to the row's);
 // base1 (Q4_K, MK_KQ_ROWS 2): also the tile of a second row with the same groups (a gate/up row pair, or the warp's next
 // row), each record loaded once for both, its sums in v[MC + m]. A column's groups are added in the same order whatever
@@ -1468,7 +1477,7 @@ template <int MC>
 MK_DEVICE_FN mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_groups(bool q4k, const uint8_t * base0, const uint8_t * base1, int ng,
                                                      const uint8_t * xq, int Mc, size_t cs) {
     if (q4k) {
-        if ((((uintptr_t) base0 | (uintptr_t) base1) & 3) != 0) {
+        if ((((uintptr_t) base0 | (uintptr_t) base1) & 15) != 0) {
             MK_TRAP();   // (mk_cuda_create refuses such Q4_K rows, naming the tensor)
         }
         return mk_kq_tile<true, MC>(base0, base1, ng, xq, Mc, cs);
@@ -1480,23 +1489,44 @@ MK_DEVICE_FN mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_groups(bool q4k, const uint8_t * b
 // of Mc the code is made for) whose input records start at xq + m*cs, into acc0[m]; TWO: also the tile at base1 with
 // the same groups (a second row: the up row of a gate/up pair, or the warp's next row) into acc1[m], each input
 // record loaded once for both rows. Each block's weights are decoded once for every column; a column's blocks are
-// added in the same order whatever MC, Mc and TWO are (lane-strided pairs, the pair's two blocks in order), so a
-// verify batch's column is bit for bit its one-token step. p0, ps: this lane's first pair and the stride (a packed
-// tile's row: the lane's place in its group of ps lanes)
+// added in the same order whatever MC, Mc and TWO are (lane-strided pairs, the pair's two blocks in order, then the
+// lane's block of the tail), so a verify batch's column is bit for bit its one-token step. p0, ps: this lane's first
+// pair and the stride, a power of 2 (a packed tile's row: the lane's place in its group of ps lanes). tail
+// (mk_mvr.tail): where the pairs past the last full round of lanes are at most half a round, those take one block per
+// lane instead, after the full rounds (E4B's rows of 2560 values, 40 pairs: lanes 0..15 a block each, not lanes 0..7 a
+// pair each; only rows of more than ps pairs, so a packed row keeps the bits of the same row unpacked)
 template <bool IS_Q4, bool TWO, int MC>
 MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq, int Mc, size_t cs,
-                        float (&acc0)[MC], float (&acc1)[MC], int p0 = threadIdx.x % WARP_SIZE, int ps = WARP_SIZE) {
-    for (int p = p0; p < ng/2; p += ps) {
+                        float (&acc0)[MC], float (&acc1)[MC], bool tail, int p0 = threadIdx.x % WARP_SIZE, int ps = WARP_SIZE) {
+    const int np = ng/2;
+    // the pairs taken whole (Q8_0: all; its tiles hold at most MK_TB/34 blocks, fewer than a round of pairs), then the
+    // tail's blocks (block 2*pw + p0 for the lanes p0 < nt: one more pass of the loop, its second block skipped)
+    const int pw = IS_Q4 && tail && np > ps && 2*(np & (ps - 1)) <= ps ? np - (np & (ps - 1)) : np;
+    const int nt = 2*(np - pw);
+    for (int p = p0, last = 0; !last; p += ps) {
+        int h0 = 0;
+        if (p >= pw) {
+            if (p0 >= nt) {
+                break;
+            }
+            p    = pw + p0/2;
+            h0   = p0 % 2;
+            last = 1;
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+            if (h == 1 && last) {
+                break;
+            }
             unsigned wq[8];
             unsigned wu[8];
-            const float dw = mk_pair_block(base0, p, h, IS_Q4, wq);
-            const float du = TWO ? mk_pair_block(base1, p, h, IS_Q4, wu) : 0.0f;
+            const int hb = h == 0 ? h0 : 1;
+            const float dw = mk_pair_block(base0, p, hb, IS_Q4, wq);
+            const float du = TWO ? mk_pair_block(base1, p, hb, IS_Q4, wu) : 0.0f;
 #pragma unroll
             for (int m = 0; m < MC; ++m) {
                 if (MC == 1 || m < Mc) {
-                    const mk_rec r = mk_rec_at(xq + m*cs + (size_t) (2*p + h)*MK_XQ_REC);
+                    const mk_rec r = mk_rec_at(xq + m*cs + (size_t) (2*p + hb)*MK_XQ_REC);
                     acc0[m] = mk_dot_rec(wq, dw, r, IS_Q4, acc0[m]);
                     if (TWO) {
                         acc1[m] = mk_dot_rec(wu, du, r, IS_Q4, acc1[m]);
@@ -1600,9 +1630,9 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     const uint8_t * rb = base + (size_t) (gi < nr ? gi : 0)*MK_J(R, it.job, nb1);
                     if (gi < nr) {
                         if (is_q4) {
-                            mk_pairs<true, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc, lane % lpr, lpr);
+                            mk_pairs<true, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc, false, lane % lpr, lpr);
                         } else {
-                            mk_pairs<false, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc, lane % lpr, lpr);
+                            mk_pairs<false, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc, false, lane % lpr, lpr);
                         }
                     }
                     __syncwarp(); // the stage is refilled ns - 1 tiles later
@@ -1656,14 +1686,14 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     }
                 } else if (two) {
                     if (is_q4) {
-                        mk_pairs<true, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
+                        mk_pairs<true, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1, R.tail);
                     } else {
-                        mk_pairs<false, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
+                        mk_pairs<false, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1, R.tail);
                     }
                 } else if (is_q4) {
-                    mk_pairs<true, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
+                    mk_pairs<true, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1, R.tail);
                 } else {
-                    mk_pairs<false, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1);
+                    mk_pairs<false, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1, R.tail);
                 }
                 if (two) {
                     __syncwarp();

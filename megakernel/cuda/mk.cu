@@ -168,9 +168,10 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
                 delete mk;
                 return nullptr;
             }
-            // the Q4_K integer dot products read a super-block's words (mk_q4k_unit)
-            if (w->type == GGML_TYPE_Q4_K && ((uintptr_t) w->data % 4 != 0 || w->nb1 % 4 != 0)) {
-                snprintf(err, err_size, "%s: Q4_K rows not 4-byte aligned (data %p, row stride %llu bytes)", name.c_str(),
+            // the Q4_K integer dot products read a super-block's quants 16 bytes at a time (mk_q4k_unit); GGUF files
+            // align tensor data to 32 bytes and a Q4_K row is a multiple of 144
+            if (w->type == GGML_TYPE_Q4_K && ((uintptr_t) w->data % 16 != 0 || w->nb1 % 16 != 0)) {
+                snprintf(err, err_size, "%s: Q4_K rows not 16-byte aligned (data %p, row stride %llu bytes)", name.c_str(),
                          w->data, (unsigned long long) w->nb1);
                 delete mk;
                 return nullptr;

@@ -128,6 +128,7 @@ inline int __dp4a(int a, int b, int c) {
     return c;
 }
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) { sh &= 31; return sh ? (lo >> sh) | (hi << (32 - sh)) : lo; }
+inline unsigned __funnelshift_rc(unsigned lo, unsigned hi, unsigned sh) { sh = sh < 32 ? sh : 32; return sh == 32 ? hi : sh ? (lo >> sh) | (hi << (32 - sh)) : lo; }
 inline int __float2int_rn(float f) { return (int) nearbyintf(f); }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline half  __float2half(float f) { ggml_fp16_t h = ggml_fp32_to_fp16(f); half r; memcpy(&r.bits, &h, 2); return r; }
