@@ -160,6 +160,9 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # next barrier they share: a phase that reads what another block has not written yet shows)
 # 0x1000000: GGML_MK_VAR_KQ_FLOAT (before: Q4_K / Q6_K weights meet the float inputs, not the 8-bit records): other
 # arithmetic, so no bitwise comparison; the reference then rounds only the Q4_0 / Q8_0 inputs (mk_ref.h MK_REF_Q8)
+# 0x6000000: GGML_MK_VAR_PAIR_TAIL | GGML_MK_VAR_KQ_TILES (before: a tile's last Q4_0 pairs as pairs, K-quant tiles of equal
+# size): bitwise the default's here, where no row has more than 32 pairs or a second K-quant tile (they change only such
+# rows' bits, which test_cuda_kquant_dot_products_at_e4b_widths checks at E4B's widths)
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
@@ -169,6 +172,7 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x200000": ["--variant", "0x200000", "--vs-default"],
             "0x400000": ["--variant", "0x400000", "--vs-default"], "0x800000": ["--variant", "0x800000", "--vs-default"],
             "slow": ["--blocks", "3", "--slow-block", "1"], "0x1000000": ["--variant", "0x1000000"],
+            "0x6000000": ["--variant", "0x6000000", "--vs-default"],
             "wide-verify": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default"],
             "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"]}
 
