@@ -11,6 +11,14 @@ and reports registers and spills on every CI run, between the rare runs on a len
 The SASS report reads the compiled code with nvdisasm (also a PyPI wheel): local-memory loads and stores
 (spills) inside a loop of a hot function cost every iteration an L1/L2 round trip; ptxas -v only gives
 per-function byte totals, and those include the cheap saves at a function's entry and exit.
+
+    python -m harness.cuda_toolkit --nvcc --sass [-I DIR ...] FILE.cu ...  # the same with nvcc itself
+
+clang's code is a proxy: nvcc (CUDA 13.0, the lent H200's compiler, also PyPI wheels: nvcc, cudafe++, cicc, ptxas and
+the headers) makes other code from the same source, e.g. the megakernel's mat-vec without the spills clang gives it,
+and shared-memory loads where clang emits generic ones (and nvcc too, where an address went through an integer).
+With --nvcc the report is of the code the device build runs (ggml-cuda's flags; a host compiler for nvcc's
+preprocessing, g++, is needed).
 """
 
 from __future__ import annotations
@@ -40,8 +48,33 @@ VERSION = "12.8"
 NVDISASM_WHEEL = "nvidia-cuda-nvdisasm==13.5.37"
 
 
+# nvcc itself: CUDA 13.0, the version of the lent H200's toolkit (megakernel/device.sh builds with it), as wheels: the
+# compiler driver and front end, NVVM (cicc), the C runtime and the headers (cuBLAS's, which ggml-cuda includes, come
+# from the CUDA 12.8 tree above: only declarations)
+NVCC_VERSION = "13.0"
+NVCC_WHEELS = {
+    "nvidia-cuda-nvcc==13.0.88": ("nvidia/cu13/bin/nvcc", "nvidia/cu13/bin/nvcc.profile", "nvidia/cu13/bin/cudafe++",
+                                  "nvidia/cu13/bin/ptxas", "nvidia/cu13/bin/crt/"),
+    "nvidia-nvvm==13.0.88": ("nvidia/cu13/nvvm/",),
+    "nvidia-cuda-crt==13.0.88": ("nvidia/cu13/include/",),
+    "nvidia-cuda-runtime==13.0.96": ("nvidia/cu13/include/",),
+    "nvidia-cuda-cccl==13.0.85": ("nvidia/cu13/include/",),
+}
+# ggml-cuda's flags for its .cu files (ggml/src/ggml-cuda/CMakeLists.txt, a Release build) and the megakernel's define
+NVCC_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "-use_fast_math", "-extended-lambda", "-DGGML_CUDA_MEGAKERNEL"]
+
+
 def toolkit_dir() -> Path:
     return config.cache_dir() / f"cuda-headers-{VERSION}"
+
+
+def _pip_download(specs: list[str], dl: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux2014_x86_64",
+                        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_12_x86_64", "-d", str(dl), *specs],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HarnessError(f"pip download of {', '.join(specs)} failed:\n{r.stderr[-2000:]}")
 
 
 def ensure_toolkit() -> Path:
@@ -52,12 +85,7 @@ def ensure_toolkit() -> Path:
     dl = config.cache_dir() / "downloads" / "cuda-wheels"
     dl.mkdir(parents=True, exist_ok=True)
     say(f"fetching the CUDA {VERSION} headers and ptxas from PyPI into {tk} (once)")
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux2014_x86_64",
-                        "--platform", "manylinux_2_12_x86_64", "-d", str(dl), *WHEELS],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise HarnessError(f"pip download of the CUDA wheels failed:\n{r.stderr[-2000:]}")
+    _pip_download(list(WHEELS), dl)
     tmp = tk.with_name(tk.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for spec, parts in WHEELS.items():
@@ -84,6 +112,44 @@ def ensure_toolkit() -> Path:
     return tk
 
 
+def ensure_nvcc() -> Path:
+    """nvcc (NVCC_VERSION) with what it runs (cudafe++, cicc, ptxas) and the headers, from PyPI wheels (fetched once,
+    ~105 MB): a tree whose bin/nvcc compiles device code as the device build does. Returns the nvcc executable."""
+    tk = config.cache_dir() / f"cuda-nvcc-{NVCC_VERSION}"
+    if (tk / ".complete").exists():
+        return tk / "bin" / "nvcc"
+    headers = ensure_toolkit()   # (cuBLAS's headers)
+    dl = config.cache_dir() / "downloads" / "cuda-wheels"
+    dl.mkdir(parents=True, exist_ok=True)
+    say(f"fetching nvcc {NVCC_VERSION} (nvcc, cudafe++, cicc, ptxas, headers; ~105 MB) from PyPI into {tk} (once)")
+    _pip_download(list(NVCC_WHEELS), dl)
+    tmp = tk.with_name(tk.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    prefix = "nvidia/cu13/"
+    for spec, parts in NVCC_WHEELS.items():
+        name, ver = spec.split("==")
+        whl = sorted(dl.glob(f"{name.replace('-', '_')}-{ver}-*.whl"))
+        if not whl:
+            raise HarnessError(f"{spec}: no wheel in {dl} after pip download")
+        with zipfile.ZipFile(whl[0]) as z:
+            for member in z.namelist():
+                if member.endswith("/") or not any(member == p or (p.endswith("/") and member.startswith(p)) for p in parts):
+                    continue
+                dest = tmp / member[len(prefix):]
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(z.read(member))
+    for exe in [tmp / "bin" / "nvcc", tmp / "bin" / "cudafe++", tmp / "bin" / "ptxas", tmp / "nvvm" / "bin" / "cicc"]:
+        if not exe.exists():
+            raise HarnessError(f"{exe.relative_to(tmp)} is missing from the nvcc {NVCC_VERSION} wheels")
+        exe.chmod(0o755)
+    for h in (headers / "include").glob("cublas*.h"):
+        shutil.copy(h, tmp / "include" / h.name)
+    (tmp / ".complete").write_text("ok\n")
+    shutil.rmtree(tk, ignore_errors=True)
+    tmp.rename(tk)
+    return tk / "bin" / "nvcc"
+
+
 def ensure_nvdisasm() -> Path:
     """nvdisasm from its PyPI wheel, under the toolkit folder (fetched once)."""
     exe = toolkit_dir().with_name(f"nvdisasm-{NVDISASM_WHEEL.split('==')[1]}") / "nvdisasm"
@@ -92,11 +158,7 @@ def ensure_nvdisasm() -> Path:
     dl = config.cache_dir() / "downloads" / "cuda-wheels"
     dl.mkdir(parents=True, exist_ok=True)
     say(f"fetching nvdisasm ({NVDISASM_WHEEL}) from PyPI into {exe.parent} (once)")
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--platform", "manylinux2014_x86_64", "-d", str(dl), NVDISASM_WHEEL],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise HarnessError(f"pip download of {NVDISASM_WHEEL} failed:\n{r.stderr[-2000:]}")
+    _pip_download([NVDISASM_WHEEL], dl)
     name, ver = NVDISASM_WHEEL.split("==")
     whl = sorted(dl.glob(f"{name.replace('-', '_')}-{ver}-*.whl"))
     if not whl:
@@ -163,17 +225,25 @@ def sass_report(cubin: Path) -> dict[str, dict]:
     return out
 
 
-def compile_check(source: Path, includes: list[Path], arch: str = "sm_90", defines: list[str] | None = None) -> dict:
-    """Compile one .cu for the device only; return {'ok', 'log', 'cubin', 'registers', 'spill_stores', 'spill_loads'}."""
-    clang = shutil.which("clang++-19")
-    if not clang:
-        raise HarnessError("clang++-19 is needed for the CUDA compile check (`./RUNBOOK.sh setup` installs it)")
-    tk = ensure_toolkit()
-    out = config.cache_dir() / "cuda-check" / (source.stem + f".{arch}.cubin")
+def compile_check(source: Path, includes: list[Path], arch: str = "sm_90", defines: list[str] | None = None,
+                  nvcc: bool = False) -> dict:
+    """Compile one .cu for the device only (clang, or with nvcc=True nvcc itself, ensure_nvcc); return {'ok', 'log',
+    'cubin', 'registers', 'spill_stores', 'spill_loads'} (the registers and spills ptxas -v reports for the last function)."""
+    out = config.cache_dir() / "cuda-check" / (source.stem + f".{arch}{'.nvcc' if nvcc else ''}.cubin")
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [clang, "-x", "cuda", f"--cuda-gpu-arch={arch}", f"--cuda-path={tk}", "--cuda-device-only",
-           "-Wno-unknown-cuda-version", "-Wno-invalid-noreturn", "-std=c++17", "-O2", "-c", str(source),
-           "-o", str(out), "-Xcuda-ptxas", "-v", *[f"-I{p}" for p in includes], *[f"-D{d}" for d in defines or []]]
+    if nvcc:
+        if not shutil.which("g++"):
+            raise HarnessError("g++ is needed as nvcc's host compiler for the nvcc compile check")
+        cmd = [str(ensure_nvcc()), "-cubin", f"-arch={arch}", *NVCC_FLAGS, str(source), "-o", str(out), "-Xptxas", "-v",
+               *[f"-I{p}" for p in includes], *[f"-D{d}" for d in defines or []]]
+    else:
+        clang = shutil.which("clang++-19")
+        if not clang:
+            raise HarnessError("clang++-19 is needed for the CUDA compile check (`./RUNBOOK.sh setup` installs it)")
+        tk = ensure_toolkit()
+        cmd = [clang, "-x", "cuda", f"--cuda-gpu-arch={arch}", f"--cuda-path={tk}", "--cuda-device-only",
+               "-Wno-unknown-cuda-version", "-Wno-invalid-noreturn", "-std=c++17", "-O2", "-c", str(source),
+               "-o", str(out), "-Xcuda-ptxas", "-v", *[f"-I{p}" for p in includes], *[f"-D{d}" for d in defines or []]]
     r = subprocess.run(cmd, capture_output=True, text=True)
     log = r.stdout + r.stderr
     res = {"ok": r.returncode == 0, "log": log, "cmd": " ".join(cmd), "cubin": out}
@@ -193,10 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-I", dest="includes", action="append", type=Path, default=[], help="include directory")
     ap.add_argument("--sass", action="store_true",
                     help="also print, per function, SASS instructions, spill loads/stores and those inside loops (nvdisasm)")
+    ap.add_argument("--nvcc", action="store_true",
+                    help=f"compile with nvcc {NVCC_VERSION} (PyPI wheels, fetched once) and ggml-cuda's flags instead of clang: "
+                         "the code the device build makes")
     args = ap.parse_args(argv)
     rc = 0
     for src in args.sources:
-        res = compile_check(src, args.includes, args.arch)
+        res = compile_check(src, args.includes, args.arch, nvcc=args.nvcc)
         print(f"{src}: {'ok' if res['ok'] else 'FAILED'}; registers {res.get('registers', '?')}, "
               f"spill stores {res.get('spill_stores', '?')} B, spill loads {res.get('spill_loads', '?')} B")
         if not res["ok"]:

@@ -408,6 +408,29 @@ def test_cuda_sources_compile_for_sm90(cpu_build):
     assert not spilling, f"spill loads/stores inside loops of the hot mat-vec code: {spilling}"
 
 
+def test_cuda_mat_vec_code_from_nvcc_reads_stages_with_shared_loads(cpu_build):
+    """the SASS that nvcc 13.0 (the lent H200's compiler, from PyPI; ggml-cuda's flags) makes of mk.cu: the mat-vec code
+    (every mk_mv_run instance, mk_mv_begin, mk_kq_groups) has no spill loads/stores inside loops, and reads the weight
+    stages with shared loads. clang's code (the test above) is a proxy with other spills; and nvcc emits generic 64-bit
+    loads (LD.E, each with its own address setup) where a stage address went through an integer: session 28 found 18 of
+    them per Q6_K group in mk_kq_groups (mk_words8_2a's aligned words), which this test fails on"""
+    src = source_tree(cpu_build)
+    res = cuda_toolkit.compile_check(MK / "cuda" / "mk.cu", [src / "ggml" / "src", src / "ggml" / "include", MK, MK / "cuda"],
+                                     nvcc=True)
+    assert res["ok"], f"{res['cmd']}\n{res['log'][-6000:]}"
+    sass = cuda_toolkit.sass_report(res["cubin"])
+    mv = {k: f for k, f in sass.items() if re.search(r"mk_mv_run|mk_mv_begin|mk_kq_groups", k)}
+    for name, f in mv.items():
+        print(f"  {name[-90:]:90s} instr {f['instructions']:6d} spills {f['spills']:4d} in loops {f['loop_spills']:4d} "
+              f"LDS {f['opcodes']['LDS']:4d} LD {f['opcodes']['LD']:3d}")
+    assert len([k for k in mv if "mk_mv_run" in k]) == 4 and len([k for k in mv if "mk_kq_groups" in k]) == 3, list(mv)
+    spilling = {k: f["loop_spills"] for k, f in mv.items() if f["loop_spills"]}
+    assert not spilling, f"spill loads/stores inside loops of the mat-vec code (nvcc): {spilling}"
+    # (mk_mv_run's one generic load: the profile's clock pointer, global memory, only with LLAMA_MEGAKERNEL_PROFILE)
+    generic = {k: f["opcodes"]["LD"] for k, f in mv.items() if f["opcodes"]["LD"] > (1 if "mk_mv_run" in k else 0)}
+    assert not generic, f"generic loads in the mat-vec code where shared loads should read the weight stages: {generic}"
+
+
 def _build_test_mk(tmp_path: Path, build: Path) -> Path:
     src = source_tree(build)
     exe = tmp_path / "test-mk"

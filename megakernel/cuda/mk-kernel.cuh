@@ -1341,8 +1341,11 @@ MK_DEVICE float mk_dot_q8(const unsigned (&wq)[8], float dw, const uint8_t * rec
 
 // 8 words at a 2-byte aligned address p (a Q6_K block is 210 bytes): the aligned words around it, funnel-shifted
 MK_DEVICE void mk_words8_2a(const uint8_t * p, unsigned (&w)[8]) {
-    const unsigned * a  = (const unsigned *) ((uintptr_t) p & ~(uintptr_t) 3);
-    const int        sh = 8*(int) ((uintptr_t) p & 3);
+    // (the aligned words by pointer arithmetic, not an integer cast: nvcc then still knows p's address space and reads
+    // a weight stage with shared loads; through the cast it emitted generic 64-bit loads, LD.E, for every word)
+    const int        ob = (int) ((uintptr_t) p & 3);
+    const unsigned * a  = (const unsigned *) (p - ob);
+    const int        sh = 8*ob;
     unsigned v[9];
     MK_UNROLL
     for (int k = 0; k < 9; ++k) {
