@@ -7,6 +7,7 @@
 #   2. Q4_K quants in two 16-byte loads (bitwise the old results; rows must be 16-byte aligned)
 #   3. K-quant tiles in multiples of 32 groups (Q6_K rows of 2560: 3 lane rounds, not 4; variant 0x4000000 = before)
 #   4. a tile's last Q4_0 pairs one block per lane (rows of 2560: 1.5 rounds, not 2; variant 0x2000000 = before)
+#   5. Q6_K stages read with shared loads (nvcc had emitted 18 generic loads per group; bitwise the old results)
 # This call: build, the E4B-shaped Q4_0 target and its Q4_K_M requantization, then on the mix: checks, speed vs the
 # graph, verify cost (session 27's final code: 184.1 vs 193.7 tok/s = 0.950x; verify M/1 1.30 / 1.43 / 1.57 / 2.01)
 set -u
