@@ -276,10 +276,17 @@ def main(argv: list[str] | None = None) -> int:
             print(res["log"][-4000:])
             rc = 1
         elif args.sass:
-            print(f"  {'function':60s} {'instr':>7s} {'spills':>7s} {'in loops':>8s}")
+            print(f"  {'function':60s} {'instr':>7s} {'spills':>7s} {'in loops':>8s} {'generic loads':>13s}")
             for name, f in sass_report(res["cubin"]).items():
-                print(f"  {name[:60]:60s} {f['instructions']:7d} {f['spills']:7d} {f['loop_spills']:8d}")
+                print(f"  {short_name(name)[:60]:60s} {f['instructions']:7d} {f['spills']:7d} {f['loop_spills']:8d} "
+                      f"{f['opcodes'].get('LD', 0):13d}")
     return rc
+
+
+def short_name(name: str) -> str:
+    """A function's mangled name without nvcc's prefix for file-local functions (_ZN41_INTERNAL_<hash>_<n>_<file>_<hash>_
+    <n>), which otherwise fills the report's column before the function's own name."""
+    return re.sub(r"^_ZN\d+_INTERNAL_\w+?_\d+_\w+?_[0-9a-f]+_\d+", "", name)
 
 
 if __name__ == "__main__":
