@@ -77,6 +77,15 @@ def _pip_download(specs: list[str], dl: Path) -> None:
         raise HarnessError(f"pip download of {', '.join(specs)} failed:\n{r.stderr[-2000:]}")
 
 
+def _wheel(spec: str, dl: Path) -> Path:
+    """the downloaded wheel of spec ("name==version") in dl"""
+    name, ver = spec.split("==")
+    whl = sorted(dl.glob(f"{name.replace('-', '_')}-{ver}-*.whl"))
+    if not whl:
+        raise HarnessError(f"{spec}: no wheel in {dl} after pip download")
+    return whl[0]
+
+
 def ensure_toolkit() -> Path:
     """A minimal CUDA tree (include/, bin/ptxas, nvvm/libdevice/) for clang's --cuda-path."""
     tk = toolkit_dir()
@@ -89,11 +98,7 @@ def ensure_toolkit() -> Path:
     tmp = tk.with_name(tk.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for spec, parts in WHEELS.items():
-        name = spec.split("==")[0].replace("-", "_")
-        whl = sorted(dl.glob(f"{name}-{spec.split('==')[1]}-*.whl"))
-        if not whl:
-            raise HarnessError(f"{spec}: no wheel in {dl} after pip download")
-        with zipfile.ZipFile(whl[0]) as z:
+        with zipfile.ZipFile(_wheel(spec, dl)) as z:
             for member in z.namelist():
                 for part in parts:
                     if member.startswith(part) and not member.endswith("/"):
@@ -127,11 +132,7 @@ def ensure_nvcc() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     prefix = "nvidia/cu13/"
     for spec, parts in NVCC_WHEELS.items():
-        name, ver = spec.split("==")
-        whl = sorted(dl.glob(f"{name.replace('-', '_')}-{ver}-*.whl"))
-        if not whl:
-            raise HarnessError(f"{spec}: no wheel in {dl} after pip download")
-        with zipfile.ZipFile(whl[0]) as z:
+        with zipfile.ZipFile(_wheel(spec, dl)) as z:
             for member in z.namelist():
                 if member.endswith("/") or not any(member == p or (p.endswith("/") and member.startswith(p)) for p in parts):
                     continue
@@ -159,14 +160,11 @@ def ensure_nvdisasm() -> Path:
     dl.mkdir(parents=True, exist_ok=True)
     say(f"fetching nvdisasm ({NVDISASM_WHEEL}) from PyPI into {exe.parent} (once)")
     _pip_download([NVDISASM_WHEEL], dl)
-    name, ver = NVDISASM_WHEEL.split("==")
-    whl = sorted(dl.glob(f"{name.replace('-', '_')}-{ver}-*.whl"))
-    if not whl:
-        raise HarnessError(f"{NVDISASM_WHEEL}: no wheel in {dl} after pip download")
-    with zipfile.ZipFile(whl[0]) as z:
+    whl = _wheel(NVDISASM_WHEEL, dl)
+    with zipfile.ZipFile(whl) as z:
         member = next((m for m in z.namelist() if m.endswith("/bin/nvdisasm")), None)
         if member is None:
-            raise HarnessError(f"{whl[0].name} holds no bin/nvdisasm")
+            raise HarnessError(f"{whl.name} holds no bin/nvdisasm")
         exe.parent.mkdir(parents=True, exist_ok=True)
         tmp = exe.with_suffix(".tmp")
         tmp.write_bytes(z.read(member))
