@@ -69,6 +69,7 @@ class Gen:
 class Run:
     label: str
     gens: list[Gen] = field(default_factory=list)
+    log: str = ""   # the server's own log (read right after it stopped: other servers' logs, e.g. a parallel test's, are not in it)
 
     @property
     def draft_n(self) -> int:
@@ -140,6 +141,7 @@ def run(bin_dir: Path, model: Path, prompts: list[str], n_predict: int, args: li
     out = Run(label or " ".join(args or []))
     with env_vars(env), server.running(binary, model, args=[*DEFAULT_ARGS, *(args or [])], timeout=timeout) as info:
         port = info["port"]
+        log = Path(info["log"])
         if not concurrent:
             out.gens = [complete(port, p, n_predict, probs=probs) for p in prompts]
         else:
@@ -160,6 +162,7 @@ def run(bin_dir: Path, model: Path, prompts: list[str], n_predict: int, args: li
                 if isinstance(r, BaseException):
                     raise r
             out.gens = [r for r in res if isinstance(r, Gen)]
+    out.log = log.read_text(errors="replace") if log.exists() else ""
     return out
 
 

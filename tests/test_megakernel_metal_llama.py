@@ -178,20 +178,11 @@ def _server_setup(metal_emu_build: Path, mk: str | None = "1") -> tuple[Path, di
                      "GGML_METAL_EMU_RESIDENCY": None, "GGML_METAL_MK_THREADGROUPS": None}
 
 
-def _logs_since(t0: float) -> list[str]:
-    """The texts of the server logs written since t0."""
-    from harness import config
-    return [p.read_text(errors="replace") for p in config.run_dir().glob("*.log") if p.stat().st_mtime >= t0]
-
-
 def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synth_small):
     """llama-server with the megakernel on: speculative decoding (the Q4_0 model drafting for the F16 one: same
     random weights, so most drafts are accepted and some rejected) gives the ids and log-probabilities of plain
     greedy decoding, across the 16-token sliding window; both runs' decode/verify batches go through the kernel."""
-    import time
-
     from harness import spec
-    t0 = time.time()
     bin_dir, env = _server_setup(metal_emu_build, "1")
     target, draft = synth_small["F16"], synth_small["Q4_0"]
     prompts, n = spec.PROMPTS[:2], 24
@@ -201,8 +192,8 @@ def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synt
                    args=[*base, "-md", str(draft), "-ngld", "99", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
                          "--spec-draft-n-min", "0"])
     # both servers' logs say the megakernel ran
-    logs = _logs_since(t0)
-    assert len(logs) >= 2 and all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
+    logs = [greedy.log, got.log]   # (each server's own log: a parallel test's servers write theirs beside them)
+    assert all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
     # ids and log-probabilities (the server merges the probabilities of tokens that end inside a UTF-8 character,
     # frequent with the small vocabulary's byte tokens: compare the lists as the server returns them)
     for g, h in zip(greedy.gens, got.gens):
@@ -218,17 +209,13 @@ def test_metal_megakernel_server_speculative_equals_greedy(metal_emu_build, synt
 def test_metal_megakernel_not_on_by_default_on_apple_gpus(metal_emu_build, synth_small):
     """LLAMA_MEGAKERNEL unset: on by default only where a backend measured it faster than its graph (CUDA on
     Hopper); the Metal kernel was never timed on a Mac, so ggml-metal declines and the log says why and how to ask."""
-    import time
-
     from harness import spec
-    t0 = time.time()
     bin_dir, env = _server_setup(metal_emu_build, None)
     got = spec.run(bin_dir, synth_small["F16"], spec.PROMPTS[:1], 4, env=env, timeout=600, label="default, metal-emu",
                    args=["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"])
     assert len(got.gens[0].tokens) == 4
-    logs = _logs_since(t0)
-    assert logs, "no server log"
-    line = [x for x in logs[-1].splitlines() if "llama_mk:" in x]
+    assert got.log, "no server log"
+    line = [x for x in got.log.splitlines() if "llama_mk:" in x]
     print("\n".join(line))
     assert any("megakernel off: backend: not yet measured on Apple GPUs" in x and "LLAMA_MEGAKERNEL=1" in x for x in line), line
     assert not any("megakernel on" in x for x in line), line
@@ -241,18 +228,15 @@ def test_metal_megakernel_server_two_streams_equal_one_slot(metal_emu_build, syn
     tokens long, so even two prefills together are one megakernel step (a longer prefill is the graph, whose bits may
     depend on what else the batch holds). With --backend-sampling the two slots' rows of a step are sampled on the
     device, each by its own sequence's chain (the rows stay on the device: llama_mk_logits_dev): the same ids."""
-    import time
-
     from harness import spec
-    t0 = time.time()
     bin_dir, env = _server_setup(metal_emu_build, "1")
     prompts, n = ["It was a", "He was a"], 24
     base = ["-c", "512", "-ngl", "99", "-fa", "on", "-lv", "4"]
     one = spec.run(bin_dir, synth_small["F16"], prompts, n, args=[*base, "-np", "1"], env=env, label="one slot", timeout=600)
     two = spec.run(bin_dir, synth_small["F16"], prompts, n, args=[*base, "-np", "2"], env=env, concurrent=True,
                    label="two slots at once", timeout=600)
-    logs = _logs_since(t0)
-    assert len(logs) >= 2 and all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
+    logs = [one.log, two.log]
+    assert all("llama_mk: megakernel on MTL0" in x for x in logs), "a server ran without the megakernel"
     assert any("llama_mk: a step over 2 KV streams" in x for x in logs), "the two-slot server never ran both streams in one step"
     assert not any("llama_mk: standard graph for this batch" in x for x in logs), "a batch fell back to the graph"
     for g, h in zip(one.gens, two.gens):
@@ -260,10 +244,9 @@ def test_metal_megakernel_server_two_streams_equal_one_slot(metal_emu_build, syn
         assert len(g.tokens) == n and g.logprobs == h.logprobs, \
             f"log-probabilities differ from the one-slot run at {spec.first_diff(g.logprobs, h.logprobs)}"
 
-    t1 = time.time()
     bs = spec.run(bin_dir, synth_small["F16"], prompts, n, args=[*base, "-np", "2", "--backend-sampling"], env=env,
                   concurrent=True, label="two slots at once, backend sampling", timeout=600, probs=False)
-    log = "\n".join(_logs_since(t1))
+    log = bs.log
     assert "llama_mk: a step over 2 KV streams" in log, "the backend-sampling server never ran both streams in one step"
     assert spec.MK_SAMPLING_LINE in log, "the backend samplers never ran on the megakernel's logits"
     assert spec.MK_FALLBACK_LINE not in log, "a batch fell back to the graph"
@@ -295,8 +278,6 @@ def test_metal_megakernel_server_draft_mtp_equals_greedy(metal_emu_build, synth_
     megakernel's hidden states (drafted by the Metal fused draft kernel, kernel_mk_draft) are accepted exactly as often
     as those made from the graph's (LLAMA_MEGAKERNEL=0, the assistant's graph drafting):
     the assistant reads h strongly, so a hidden state of the wrong scale shows as other acceptance counts."""
-    import time
-
     from harness import spec
     bin_dir, env = _server_setup(metal_emu_build, "1")
     target, assistant = synth_pair_h
@@ -304,16 +285,14 @@ def test_metal_megakernel_server_draft_mtp_equals_greedy(metal_emu_build, synth_
     base = ["-c", "512", "-ngl", "99", "-fa", "off", "-lv", "4"]  # -lv 4: the llama_mk lines reach the log
 
     def mtp(k: int, mk: bool) -> tuple[spec.Run, str]:
-        t0 = time.time()
         r = spec.run(bin_dir, target, prompts, n, env={**env, "LLAMA_MEGAKERNEL": "1" if mk else "0"}, timeout=600,
                      label=f"draft-mtp k={k}, {'megakernel' if mk else 'graph'}",
                      args=[*base, "-md", str(assistant), "-ngld", "99", "--spec-type", "draft-mtp",
                            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"])
-        return r, "\n".join(_logs_since(t0))
+        return r, r.log
 
-    t0 = time.time()
     greedy = spec.run(bin_dir, target, prompts, n, args=base, env=env, label="greedy, megakernel", timeout=600)
-    assert "llama_mk: megakernel on MTL0" in "\n".join(_logs_since(t0)), "the greedy server ran without the megakernel"
+    assert "llama_mk: megakernel on MTL0" in greedy.log, "the greedy server ran without the megakernel"
     fails = []
     for k in MTP_KS:
         got, log = mtp(k, True)
@@ -346,8 +325,6 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
     own view) give the ids of the megakernel's greedy run sampled on the host, across the 16-token window; every
     decode/verify batch is a megakernel step and the log says the samplers ran on its logits. (The requests ask for
     no probabilities: a request for them keeps the server from sampling on the backend.)"""
-    import time
-
     import re
 
     from harness import spec
@@ -362,10 +339,9 @@ def test_metal_megakernel_server_backend_sampling(metal_emu_build, synth_pair_h)
     runs = {"greedy": [], "draft-mtp k=2": ["-md", str(assistant), "-ngld", "99", "--spec-type", "draft-mtp",
                                             "--spec-draft-n-max", "2", "--spec-draft-n-min", "0"]}
     for label, extra in runs.items():
-        t0 = time.time()
         got = spec.run(bin_dir, target, prompts, n, args=[*base, *extra, "--backend-sampling"], env=env, timeout=600,
                        label=f"{label}, backend sampling", probs=False)
-        log = "\n".join(_logs_since(t0))
+        log = got.log
         assert spec.MK_ON_LINE in log, f"{label}: the server ran without the megakernel"
         assert spec.MK_SAMPLING_LINE in log, f"{label}: the backend samplers never ran on the megakernel's logits"
         fell = [x for x in log.splitlines() if spec.MK_FALLBACK_LINE in x]
