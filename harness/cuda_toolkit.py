@@ -68,13 +68,18 @@ def toolkit_dir() -> Path:
     return config.cache_dir() / f"cuda-headers-{VERSION}"
 
 
-def _pip_download(specs: list[str], dl: Path) -> None:
+def _pip_download(specs: list[str]) -> Path:
+    """pip download of the wheels specs ("name==version") into the cache's download folder (pip skips those there); returns
+    the folder"""
+    dl = config.cache_dir() / "downloads" / "cuda-wheels"
+    dl.mkdir(parents=True, exist_ok=True)
     r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux2014_x86_64",
                         "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_12_x86_64", "-d", str(dl), *specs],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise HarnessError(f"pip download of {', '.join(specs)} failed:\n{r.stderr[-2000:]}")
+    return dl
 
 
 def _wheel(spec: str, dl: Path) -> Path:
@@ -91,10 +96,8 @@ def ensure_toolkit() -> Path:
     tk = toolkit_dir()
     if (tk / ".complete").exists():
         return tk
-    dl = config.cache_dir() / "downloads" / "cuda-wheels"
-    dl.mkdir(parents=True, exist_ok=True)
     say(f"fetching the CUDA {VERSION} headers and ptxas from PyPI into {tk} (once)")
-    _pip_download(list(WHEELS), dl)
+    dl = _pip_download(list(WHEELS))
     tmp = tk.with_name(tk.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for spec, parts in WHEELS.items():
@@ -124,10 +127,8 @@ def ensure_nvcc() -> Path:
     if (tk / ".complete").exists():
         return tk / "bin" / "nvcc"
     headers = ensure_toolkit()   # (cuBLAS's headers)
-    dl = config.cache_dir() / "downloads" / "cuda-wheels"
-    dl.mkdir(parents=True, exist_ok=True)
     say(f"fetching nvcc {NVCC_VERSION} (nvcc, cudafe++, cicc, ptxas, headers; ~105 MB) from PyPI into {tk} (once)")
-    _pip_download(list(NVCC_WHEELS), dl)
+    dl = _pip_download(list(NVCC_WHEELS))
     tmp = tk.with_name(tk.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     prefix = "nvidia/cu13/"
@@ -156,10 +157,8 @@ def ensure_nvdisasm() -> Path:
     exe = toolkit_dir().with_name(f"nvdisasm-{NVDISASM_WHEEL.split('==')[1]}") / "nvdisasm"
     if exe.exists():
         return exe
-    dl = config.cache_dir() / "downloads" / "cuda-wheels"
-    dl.mkdir(parents=True, exist_ok=True)
     say(f"fetching nvdisasm ({NVDISASM_WHEEL}) from PyPI into {exe.parent} (once)")
-    _pip_download([NVDISASM_WHEEL], dl)
+    dl = _pip_download([NVDISASM_WHEEL])
     whl = _wheel(NVDISASM_WHEEL, dl)
     with zipfile.ZipFile(whl) as z:
         member = next((m for m in z.namelist() if m.endswith("/bin/nvdisasm")), None)
@@ -216,10 +215,18 @@ def sass_report(cubin: Path) -> dict[str, dict]:
                     continue
                 loops.append((labels[b.group(1)], addr))
         spill = [a for a, text in ins if re.search(r"\b(STL|LDL)(\.\S+)?\s", text)]
-        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for _, text in ins)
+
+        def opcodes(part):
+            return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for _, text in part)
         out[name] = {"instructions": len(ins), "spills": len(spill),
                      "loop_spills": sum(1 for a in spill if any(s0 <= a <= s1 for s0, s1 in loops)),
-                     "opcodes": ops}
+                     "opcodes": opcodes(ins),
+                     # each loop (a backward branch and its target, in address order; loops nest): the instructions
+                     # between them, their spills and opcodes
+                     "loops": [{"start": s0, "end": s1, "instructions": sum(1 for a, _ in ins if s0 <= a <= s1),
+                                "spills": sum(1 for a in spill if s0 <= a <= s1),
+                                "opcodes": opcodes([(a, t) for a, t in ins if s0 <= a <= s1])}
+                               for s0, s1 in sorted(loops)]}
     return out
 
 
@@ -261,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-I", dest="includes", action="append", type=Path, default=[], help="include directory")
     ap.add_argument("--sass", action="store_true",
                     help="also print, per function, SASS instructions, spill loads/stores and those inside loops (nvdisasm)")
+    ap.add_argument("--loops", metavar="NAME",
+                    help="with --sass: also list every loop of the functions whose name contains NAME (address range, "
+                         "instructions, dp4a, shared and generic loads, spills)")
     ap.add_argument("--nvcc", action="store_true",
                     help=f"compile with nvcc {NVCC_VERSION} (PyPI wheels, fetched once) and ggml-cuda's flags instead of clang: "
                          "the code the device build makes")
@@ -278,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, f in sass_report(res["cubin"]).items():
                 print(f"  {short_name(name)[:60]:60s} {f['instructions']:7d} {f['spills']:7d} {f['loop_spills']:8d} "
                       f"{f['opcodes'].get('LD', 0):13d}")
+                if args.loops and args.loops in name:
+                    for lp in f["loops"]:
+                        o = lp["opcodes"]
+                        print(f"      loop {lp['start']:#x}..{lp['end']:#x}: {lp['instructions']} instructions, dp4a "
+                              f"{o.get('IDP', 0)}, LDS {o.get('LDS', 0)}, LD {o.get('LD', 0)}, spills {lp['spills']}")
     return rc
 
 

@@ -1388,8 +1388,8 @@ MK_DEVICE float mk_q4k_dot(const unsigned (&wq)[8], float a, float b, const mk_r
 // Q6_K (210 bytes per 256: ql[128], qh[64], int8 scales[16], d; group g = 4n + qd of a block: the low (qd < 2) or high
 // nibbles of ql[64n + 32(qd % 2) ..], bits 2qd of qh[32n ..], a scale per 16 values), w = d*sc*(q - 32): the words
 // hold 4*(q - 32) as int8 (the 6-bit q in bits 2..7 with the top bit flipped: 4q - 128, no sign extension to build),
-// so the dot products are 4 times q - 32's and d comes back divided by 4 (exact: the same bits in the end); sc0, sc1
-// the two halves' scales
+// so the dot products are 4 times q - 32's and d comes back divided by 4 (exact: the same bits in the end, unless
+// d*dx fell below float's normal range, ~1e-38, where the quarter would round); sc0, sc1 the two halves' scales
 MK_DEVICE void mk_q6k_unit(const uint8_t * base, int g, unsigned (&wq)[8], float & d, int & sc0, int & sc1) {
     const uint8_t * blk = base + 210*(g/8);   // (2-byte aligned)
     const int n  = (g % 8)/4;

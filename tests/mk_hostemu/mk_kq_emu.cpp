@@ -5,16 +5,16 @@
 // one tile, or several tiles of a row added in order), 256 (the per-layer projection), 1536 (E2B's hidden size), 1024,
 // 2048 and 640 (the real Gemma 3 270M's rows), three rows each (Q6_K's 210-byte blocks put every other row 2 bytes off a
 // word), weights quantized by ggml's own quantizer, four random input columns rounded to the kernel's 8-bit records
-// (llama.cpp's q8_1: d = max|x|/127, q = round(x/d)). One warp walks each row's tiles as mk_mv_run does (mk_jr_of's
-// tiles, each copied from its 16-byte aligned start as the weight stages are), lane sums added per tile, then the warp's
-// butterfly sum. Checks:
+// (llama.cpp's q8_1: d = max|x|/127, q = round(x/d)). One warp walks each row's tiles as mk_mv_run does (the kernel's
+// own mk_mvr_of table and mk_tile, each tile copied from its 16-byte aligned start as the weight stages are), lane sums
+// added per tile, then the warp's butterfly sum. Checks:
 //  - each row and column against a float64 dot product of ggml's dequantized weights with the rounded inputs
 //    (relative to sum |w*x|: <= 1e-6; float32 sums land ~1e-8 off);
 //  - the code made for 4 columns equals the one-column code bit for bit per column (a verify batch's logits equal its
 //    one-token steps'), and so does the any-batch code (MK_M), and so do rows taken in pairs (base1: a gate/up pair or a
 //    warp's next row, each record loaded once for both: Q4_K in the code for up to 4 columns, Q4_0 / Q8_0 rows of one
 //    tile in all);
-//  - the same with the variants' forms (mk_mvr.tail = 0: GGML_MK_VAR_PAIR_TAIL; mk_jr_of's kq32 = 0: GGML_MK_VAR_KQ_TILES),
+//  - the same with the variants' forms (the table made with GGML_MK_VAR_PAIR_TAIL | GGML_MK_VAR_KQ_TILES),
 //    and the lines "tail changed the bits of N of M outputs" / "32-group tiles changed ..." say whether the default's
 //    form ran at all in a case (a test can require it where it must).
 // Prints OK/FAIL per case and a digest of every output (the same bits in every run: for refactors that keep them), exits
@@ -45,24 +45,24 @@ struct kq_args {
     size_t          cs;
     int             mc;     // 1: the code for one column, per column; 4: for MK_MC_SMALL; MK_M: the any-batch code with Mc = NCOL
     int             two;    // rows in pairs where mk_mv_run takes them (the second row's tile beside the first: base1)
-    bool            tail;   // mk_mvr.tail (Q4_0 / Q8_0)
-    bool            kq32;   // mk_jr_of's kq32 (Q4_K / Q6_K)
+    int             flags;  // the variant bits the table is made with (GGML_MK_VAR_*)
     float         * y;      // [row][column]
 };
 
 // row (and, two: row + 1 beside it, as mk_mv_run's row pairs) of a, columns col0 .. col0 + Mc - 1, into y[0][..] (and y[1][..])
 template <int MC>
-static void kq_row(const kq_args & a, const mk_jr & jr, int row, bool two, float (&y)[2][NCOL], int col0, int Mc) {
+static void kq_row(const kq_args & a, const mk_mvr & R, int row, bool two, float (&y)[2][NCOL], int col0, int Mc) {
     MK_SHARED_DYN(uint8_t, stage);
     const int lane = threadIdx.x % WARP_SIZE;
     float acc[2][MC];
     for (int m = 0; m < MC; ++m) acc[0][m] = acc[1][m] = 0.0f;
-    for (int seg = 0; seg < jr.nseg; ++seg) {
-        const bool last = seg == jr.nseg - 1;
-        const int nbytes = last ? jr.lb : jr.tb, ng = last ? jr.lg : jr.tg, g0 = seg*jr.tg;
+    int ng = 0, g0 = 0;
+    for (int seg = 0; seg < R.j[0].nseg; ++seg) {
         const uint8_t * base[2] = { nullptr, nullptr };
         for (int k = 0; k < 1 + two; ++k) {
-            const uint8_t * src = a.data + (size_t) (row + k)*a.nb1 + (size_t) seg*jr.tb;
+            const mk_it it = { row + k, 0, seg, 0, 0, row + k };   // (u, sub, seg, st, job, row)
+            int nbytes;
+            const uint8_t * src = mk_tile(R, it, nbytes, g0, ng);
             const uint8_t * from = (const uint8_t *) ((uintptr_t) src & ~(uintptr_t) 15);   // (as mk_fetch: the 16-byte aligned start)
             uint8_t * st = stage + k*MK_STAGE_BYTES;
             for (int i = lane; i < (int) (src - from) + nbytes; i += WARP_SIZE) st[i] = from[i];
@@ -85,11 +85,11 @@ static void kq_row(const kq_args & a, const mk_jr & jr, int row, bool two, float
             }
             const bool q4 = a.type == GGML_TYPE_Q4_0;
             if (two) {
-                if (q4) mk_pairs<true,  true, MC>(base[0], base[1], ng, xq, Mc, a.cs, acc[0], acc[1], a.tail);
-                else    mk_pairs<false, true, MC>(base[0], base[1], ng, xq, Mc, a.cs, acc[0], acc[1], a.tail);
+                if (q4) mk_pairs<true,  true, MC>(base[0], base[1], ng, xq, Mc, a.cs, acc[0], acc[1], R.tail);
+                else    mk_pairs<false, true, MC>(base[0], base[1], ng, xq, Mc, a.cs, acc[0], acc[1], R.tail);
             } else {
-                if (q4) mk_pairs<true,  false, MC>(base[0], nullptr, ng, xq, Mc, a.cs, acc[0], acc[1], a.tail);
-                else    mk_pairs<false, false, MC>(base[0], nullptr, ng, xq, Mc, a.cs, acc[0], acc[1], a.tail);
+                if (q4) mk_pairs<true,  false, MC>(base[0], nullptr, ng, xq, Mc, a.cs, acc[0], acc[1], R.tail);
+                else    mk_pairs<false, false, MC>(base[0], nullptr, ng, xq, Mc, a.cs, acc[0], acc[1], R.tail);
             }
         }
         __syncwarp();
@@ -105,18 +105,22 @@ static void kq_kernel(const kq_args a) {
     mk_job jb = {};
     jb.w.data = a.data; jb.w.type = a.type; jb.w.ne0 = a.K; jb.w.ne1 = a.n_rows; jb.w.nb1 = a.nb1;
     jb.w.b256 = (int32_t) ggml_row_size((ggml_type) a.type, 256);
-    const mk_jr jr = mk_jr_of(jb, false, a.kq32);   // (no packed rows: the one-row path; packing keeps its bits, the kernel emulation checks)
+    mk_mv mv = {};
+    mv.jobs[0] = jb;
+    mv.n_jobs  = 1;
+    // (no packed rows: the one-row path; packing keeps its bits, the kernel emulation checks)
+    const mk_mvr R = mk_mvr_of(mv, a.flags | GGML_MK_VAR_ROW_TILES);
     for (int row = 0; row < a.n_rows; ) {
         // (pairs as mk_mv_run takes them: Q4_K rows in the code for up to MK_MC_SMALL columns, Q4_0 / Q8_0 rows of one tile)
         const bool two = a.two && row + 1 < a.n_rows &&
-                         (a.type == GGML_TYPE_Q4_K ? a.mc <= MK_MC_SMALL : mk_is_q8dot(a.type) && jr.nseg == 1);
+                         (a.type == GGML_TYPE_Q4_K ? a.mc <= MK_MC_SMALL : mk_is_q8dot(a.type) && R.j[0].nseg == 1);
         float y[2][NCOL];
         if (a.mc == 1) {
-            for (int m = 0; m < NCOL; ++m) kq_row<1>(a, jr, row, two, y, m, 1);
+            for (int m = 0; m < NCOL; ++m) kq_row<1>(a, R, row, two, y, m, 1);
         } else if (a.mc == MK_MC_SMALL) {
-            kq_row<MK_MC_SMALL>(a, jr, row, two, y, 0, NCOL);
+            kq_row<MK_MC_SMALL>(a, R, row, two, y, 0, NCOL);
         } else {
-            kq_row<MK_M>(a, jr, row, two, y, 0, NCOL);
+            kq_row<MK_M>(a, R, row, two, y, 0, NCOL);
         }
         if (threadIdx.x == 0) {
             for (int k = 0; k < 1 + two; ++k) {
@@ -192,7 +196,8 @@ int main() {
                 const int mcs[3] = { 1, MK_MC_SMALL, MK_M };
                 for (int k = 0; k < 6; ++k) {
                     y[k].assign((size_t) n_rows*NCOL, -7.0f);
-                    kq_args a = { data, type, K, n_rows, rb, xq.data(), cs, mcs[k % 3], k >= 3, form == 0, form == 0, y[k].data() };
+                    kq_args a = { data, type, K, n_rows, rb, xq.data(), cs, mcs[k % 3], k >= 3,
+                                   form == 0 ? 0 : GGML_MK_VAR_PAIR_TAIL | GGML_MK_VAR_KQ_TILES, y[k].data() };
                     if (!emu_launch(kq_kernel, a, 1, WARP_SIZE, 2*MK_STAGE_BYTES, "kq_kernel")) {
                         printf("FAIL %s K=%d: deadlock\n", ggml_type_name((ggml_type) type), K);
                         return 1;
