@@ -293,6 +293,18 @@ def test_cuda_staging_slot_by_slot_planted_bug_fails(tmp_path, cpu_build):
         f"a bug in the rms round of several slots went unnoticed:\n{r.stdout[-3000:]}"
 
 
+def test_cuda_staging_record_places_planted_bug_fails(tmp_path, cpu_build):
+    """the staging must put group g's 8-bit record in slot mk_rec_slot(g), where the mat-vecs read it: the kernel
+    emulation's rows (at most 8 groups) never reach a swapped slot, so the widths test checks every record's d against
+    its group's staged values; here the rounding after the norm writes them in plain order and must fail it"""
+    old = "if (q8) {\n        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC);"
+    new = "if (q8) {\n        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);"
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=STAGE_EMU)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and re.search(r"^FAIL K=\d+ .* where the mat-vec does not look for it", r.stdout, re.M), \
+        f"a staged record out of its place went unnoticed:\n{r.stdout[-3000:]}"
+
+
 def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
     """the integer dot products on 8-bit inputs at production widths, K = 2560, 10240 (rows of several weight tiles), 256,
     1536, 1024, 2048 and 640 (E4B, E2B, the real Gemma 3 270M), three rows (Q6_K rows 2 bytes off a word), four columns:
@@ -326,7 +338,11 @@ def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
 KQ_PLANTED = {
     "q6k_offset": ("(h[k] << hsh) & 0xC0C0C0C0)) ^ 0x80808080;", "(h[k] << hsh) & 0xC0C0C0C0)) ^ 0x00808080;"),
     "q6k_quarter": ("(blk + 208)), 0.25f);", "(blk + 208)), 0.5f);"),
-    "tail_record": ("mk_rec_at(xq + m*cs + (size_t) (2*p + hb)*MK_XQ_REC);", "mk_rec_at(xq + m*cs + (size_t) (2*p + h)*MK_XQ_REC);"),
+    "tail_record": ("const int ob = hb == 0 ? os : MK_XQ_REC - os;", "const int ob = h == 0 ? os : MK_XQ_REC - os;"),
+    # the records' places (mk_rec_slot): a lane's pairs, the tail's pair, a K-quant lane's group
+    "rec_swap_pairs": ("int os = MK_XQ_REC*mk_rec_swap(2*p0, g0);", "int os = 0;"),
+    "rec_swap_tail": ("os   = MK_XQ_REC*mk_rec_swap(2*p, g0);", "os   = os;"),
+    "rec_swap_kq": ("mk_rec_at(xq + m*cs + (size_t) (g ^ mk_rec_swap(g, g0))*MK_XQ_REC);", "mk_rec_at(xq + m*cs + (size_t) g*MK_XQ_REC);"),
     "tail_half": ("h0   = p0 % 2;", "h0   = 0;"),
     "tail_lanes": ("if (p0 >= nt) {", "if (p0 > nt) {"),
     "q4k_min": ("b = __fmul_rn(mk_f16((uint16_t) (w[0] >> 16)), (float) (sm >> 8));",

@@ -43,8 +43,23 @@ static_assert(MK_MC_SMALL < MK_M, "the any-batch code covers more columns than t
 #define MK_HEADS_BYTES (GGML_MK_MAX_HEAD_DIM*sizeof(float))
 // xq: the same inputs rounded to 8 bits per 32-value group for the integer dot products of Q4_0 and
 // Q8_0 weights (llama.cpp's q8_1 rounding: d = max|x|/127, q = round(x*(1/d))): 48-byte records, 32 int8
-// values, d, sum of q, padding (conflict-free 16-byte reads)
+// values, d, sum of q, padding; group g's record in slot mk_rec_slot(g) of its column
 #define MK_XQ_REC      48
+
+// record g of a column sits in slot g ^ ((g >> 3) & 1): in every other run of 8 records the two of each pair swap
+// places. A warp that takes a pair of records per lane (mk_pairs: a 96-byte stride, where lanes p and p + 4 met on the
+// same banks) then reads them without shared-memory bank conflicts, and a warp that takes a record per lane (the
+// K-quants, the tail, odd tiles) still does (ncu, session 25: 2-way conflicts on the records' 16-byte reads in the pair
+// loop, 4-way on the 8-byte ones: ~2.4 times the wavefronts they need). Only the places move, never the bits
+MK_HOSTDEV int mk_rec_slot(int g) {
+    return g ^ ((g >> 3) & 1);
+}
+
+// the same for local record l of a tile whose first group g0 is a multiple of 8 (every tile's: mk_jr.tg = 8*sgps):
+// slot mk_rec_slot(g0 + l) = g0 + (l ^ mk_rec_swap(l, g0))
+MK_HOSTDEV int mk_rec_swap(int l, int g0) {
+    return ((l ^ g0) >> 3) & 1;
+}
 
 // attention chunks per cache of a step at most (ggml_mk_att_chunk keeps a context within 1024 chunks)
 #define MK_CH_MAX 1024
@@ -886,7 +901,7 @@ MK_DEVICE void mk_stage_put(const mk_xin & x, float4 v, const float4 & vn, float
         v = mk_mul4(v, vn);
     }
     if (direct) {
-        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC);
     } else if (ok) {
         *mk_stage_xs(xs, m, KG, f) = v;
     }
@@ -909,7 +924,7 @@ MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, 
         }
     }
     if (q8) {
-        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);
+        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC);
     }
 }
 
@@ -1433,14 +1448,14 @@ struct mk_accs {
 #define MK_KQ_ROWS(MC) ((MC) <= MK_MC_SMALL ? 2 : 1)
 
 // the ng 32-value groups of a Q4_K (Q4K) or Q6_K tile at base0 (Q4_K: 16-byte aligned), lane-strided, for columns 0 .. Mc-1
-// whose input records start at xq + m*cs: the lane's sum over them per column in v[m] (the caller adds it to the row's);
+// whose input records start at xq + m*cs (the tile's first group g0: records in mk_rec_slot order): the lane's sum over them per column in v[m] (the caller adds it to the row's);
 // base1 (Q4_K, MK_KQ_ROWS 2): also the tile of a second row with the same groups (a gate/up row pair, or the warp's next
 // row), each record loaded once for both, its sums in v[MC + m]. A column's groups are added in the same order whatever
 // MC, Mc and base1 are (a verify batch's column is bit for bit its one-token step)
 
 template <bool Q4K, int MC>
 MK_DEVICE mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_tile(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq,
-                                                int Mc, size_t cs) {
+                                                int g0, int Mc, size_t cs) {
     constexpr bool TWO = MK_KQ_ROWS(MC) == 2;
     mk_accs<MK_KQ_ROWS(MC)*MC> acc;
 #pragma unroll
@@ -1462,7 +1477,7 @@ MK_DEVICE mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_tile(const uint8_t * base0, const uin
 #pragma unroll
         for (int m = 0; m < MC; ++m) {
             if (MC == 1 || m < Mc) {
-                const mk_rec r = mk_rec_at(xq + m*cs + (size_t) g*MK_XQ_REC);
+                const mk_rec r = mk_rec_at(xq + m*cs + (size_t) (g ^ mk_rec_swap(g, g0))*MK_XQ_REC);
                 acc.v[m] = Q4K ? mk_q4k_dot(wq0, a0, b0, r, acc.v[m]) : mk_q6k_dot(wq0, a0, s00, s01, r, acc.v[m]);
                 if (TWO && Q4K && base1) {   // (TWO ? MC : 0: an index in range where this is dead code)
                     acc.v[(TWO ? MC : 0) + m] = mk_q4k_dot(wq1, a1, b1, r, acc.v[(TWO ? MC : 0) + m]);
@@ -1478,18 +1493,19 @@ MK_DEVICE mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_tile(const uint8_t * base0, const uin
 // 3 -> 19 spill instructions)
 template <int MC>
 MK_DEVICE_FN mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_groups(bool q4k, const uint8_t * base0, const uint8_t * base1, int ng,
-                                                     const uint8_t * xq, int Mc, size_t cs) {
+                                                     const uint8_t * xq, int g0, int Mc, size_t cs) {
     if (q4k) {
         if ((((uintptr_t) base0 | (uintptr_t) base1) & 15) != 0) {
             MK_TRAP();   // (mk_cuda_create refuses such Q4_K rows, naming the tensor)
         }
-        return mk_kq_tile<true, MC>(base0, base1, ng, xq, Mc, cs);
+        return mk_kq_tile<true, MC>(base0, base1, ng, xq, g0, Mc, cs);
     }
-    return mk_kq_tile<false, MC>(base0, base1, ng, xq, Mc, cs);
+    return mk_kq_tile<false, MC>(base0, base1, ng, xq, g0, Mc, cs);
 }
 
 // the pairs of Q4_0 (IS_Q4) or Q8_0 blocks of a 4-byte aligned tile at base0, for columns 0 .. Mc-1 (MC: the bound
-// of Mc the code is made for) whose input records start at xq + m*cs, into acc0[m]; TWO: also the tile at base1 with
+// of Mc the code is made for) whose input records start at xq + m*cs (g0: the tile's first group, for the records'
+// places, mk_rec_swap), into acc0[m]; TWO: also the tile at base1 with
 // the same groups (a second row: the up row of a gate/up pair, or the warp's next row) into acc1[m], each input
 // record loaded once for both rows. Each block's weights are decoded once for every column; a column's blocks are
 // added in the same order whatever MC, Mc and TWO are (lane-strided pairs, the pair's two blocks in order, then the
@@ -1499,13 +1515,16 @@ MK_DEVICE_FN mk_accs<MK_KQ_ROWS(MC)*MC> mk_kq_groups(bool q4k, const uint8_t * b
 // lane instead, after the full rounds (E4B's rows of 2560 values, 40 pairs: lanes 0..15 a block each, not lanes 0..7 a
 // pair each; only rows of more than ps pairs, so a packed row keeps the bits of the same row unpacked)
 template <bool IS_Q4, bool TWO, int MC>
-MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq, int Mc, size_t cs,
+MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, const uint8_t * xq, int g0, int Mc, size_t cs,
                         float (&acc0)[MC], float (&acc1)[MC], bool tail, int p0 = threadIdx.x % WARP_SIZE, int ps = WARP_SIZE) {
     const int np = ng/2;
     // the pairs taken whole (Q8_0: all; its tiles hold at most MK_TB/34 blocks, fewer than a round of pairs), then the
     // tail's blocks (block 2*pw + p0 for the lanes p0 < nt: one more pass of the loop, its second block skipped)
     const int pw = IS_Q4 && tail && np > ps && 2*(np & (ps - 1)) <= ps ? np - (np & (ps - 1)) : np;
     const int nt = 2*(np - pw);
+    // where the lane's records of pair p are (mk_rec_swap): 2p at 96p + os, 2p + 1 at 96p + 48 - os; one os for all the
+    // lane's pairs (ps a multiple of 8 keeps bit 2 of p; a packed row, ps < 8, gives a lane one pair), the tail's own
+    int os = MK_XQ_REC*mk_rec_swap(2*p0, g0);
     for (int p = p0, last = 0; !last; p += ps) {
         int h0 = 0;
         if (p >= pw) {
@@ -1515,6 +1534,7 @@ MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, co
             p    = pw + p0/2;
             h0   = p0 % 2;
             last = 1;
+            os   = MK_XQ_REC*mk_rec_swap(2*p, g0);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -1524,12 +1544,13 @@ MK_DEVICE void mk_pairs(const uint8_t * base0, const uint8_t * base1, int ng, co
             unsigned wq[8];
             unsigned wu[8];
             const int hb = h == 0 ? h0 : 1;
+            const int ob = hb == 0 ? os : MK_XQ_REC - os;
             const float dw = mk_pair_block(base0, p, hb, IS_Q4, wq);
             const float du = TWO ? mk_pair_block(base1, p, hb, IS_Q4, wu) : 0.0f;
 #pragma unroll
             for (int m = 0; m < MC; ++m) {
                 if (MC == 1 || m < Mc) {
-                    const mk_rec r = mk_rec_at(xq + m*cs + (size_t) (2*p + hb)*MK_XQ_REC);
+                    const mk_rec r = mk_rec_at(xq + m*cs + (size_t) (2*p)*MK_XQ_REC + ob);
                     acc0[m] = mk_dot_rec(wq, dw, r, IS_Q4, acc0[m]);
                     if (TWO) {
                         acc1[m] = mk_dot_rec(wu, du, r, IS_Q4, acc1[m]);
@@ -1633,9 +1654,9 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     const uint8_t * rb = base + (size_t) (gi < nr ? gi : 0)*MK_J(R, it.job, nb1);
                     if (gi < nr) {
                         if (is_q4) {
-                            mk_pairs<true, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc, false, lane % lpr, lpr);
+                            mk_pairs<true, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, g0, Mc, cs, acc, acc, false, lane % lpr, lpr);
                         } else {
-                            mk_pairs<false, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc, false, lane % lpr, lpr);
+                            mk_pairs<false, false, MC>(rb, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, g0, Mc, cs, acc, acc, false, lane % lpr, lpr);
                         }
                     }
                     __syncwarp(); // the stage is refilled ns - 1 tiles later
@@ -1679,7 +1700,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     // (one call site for one and two rows: each call site of a function of its own costs the callers
                     // registers)
                     const auto a = mk_kq_groups<MC>(type == GGML_TYPE_Q4_K, base, two ? base1 : nullptr, ng,
-                                                    xq + (size_t) g0*MK_XQ_REC, Mc, cs);
+                                                    xq + (size_t) g0*MK_XQ_REC, g0, Mc, cs);
 #pragma unroll
                     for (int m = 0; m < MC; ++m) {
                         acc[m] = __fadd_rn(acc[m], a.v[m]);   // (a row of several tiles: the tiles' sums in order)
@@ -1689,14 +1710,14 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                     }
                 } else if (two) {
                     if (is_q4) {
-                        mk_pairs<true, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1, R.tail);
+                        mk_pairs<true, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, g0, Mc, cs, acc, acc1, R.tail);
                     } else {
-                        mk_pairs<false, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1, R.tail);
+                        mk_pairs<false, true, MC>(base, base1, ng, xq + (size_t) g0*MK_XQ_REC, g0, Mc, cs, acc, acc1, R.tail);
                     }
                 } else if (is_q4) {
-                    mk_pairs<true, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1, R.tail);
+                    mk_pairs<true, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, g0, Mc, cs, acc, acc1, R.tail);
                 } else {
-                    mk_pairs<false, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, Mc, cs, acc, acc1, R.tail);
+                    mk_pairs<false, false, MC>(base, nullptr, ng, xq + (size_t) g0*MK_XQ_REC, g0, Mc, cs, acc, acc1, R.tail);
                 }
                 if (two) {
                     __syncwarp();
@@ -1766,7 +1787,8 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                                 if (h == 1 && !two) {
                                     continue;
                                 }
-                                acc[m] = mk_dot_q8(wq[h], dw[h], xq + (size_t) (m*KG + g0 + i + h*WARP_SIZE)*MK_XQ_REC, is_q4, acc[m]);
+                                const int l = i + h*WARP_SIZE;
+                                acc[m] = mk_dot_q8(wq[h], dw[h], xq + (size_t) (m*KG + g0 + (l ^ mk_rec_swap(l, g0)))*MK_XQ_REC, is_q4, acc[m]);
                             }
                         }
                     }

@@ -71,7 +71,7 @@ static void kq_row(const kq_args & a, const mk_mvr & R, int row, bool two, float
         __syncwarp();
         const uint8_t * xq = a.xq + (size_t) col0*a.cs + (size_t) g0*MK_XQ_REC;
         if (mk_is_kq(a.type)) {
-            const auto p = mk_kq_groups<MC>(a.type == GGML_TYPE_Q4_K, base[0], base[1], ng, xq, Mc, a.cs);
+            const auto p = mk_kq_groups<MC>(a.type == GGML_TYPE_Q4_K, base[0], base[1], ng, xq, g0, Mc, a.cs);
             for (int m = 0; m < MC; ++m) {
                 acc[0][m] = __fadd_rn(acc[0][m], p.v[m]);
                 if (MK_KQ_ROWS(MC) == 2) {
@@ -85,11 +85,11 @@ static void kq_row(const kq_args & a, const mk_mvr & R, int row, bool two, float
             }
             const bool q4 = a.type == GGML_TYPE_Q4_0;
             if (two) {
-                if (q4) mk_pairs<true,  true, MC>(base[0], base[1], ng, xq, Mc, a.cs, acc[0], acc[1], R.tail);
-                else    mk_pairs<false, true, MC>(base[0], base[1], ng, xq, Mc, a.cs, acc[0], acc[1], R.tail);
+                if (q4) mk_pairs<true,  true, MC>(base[0], base[1], ng, xq, g0, Mc, a.cs, acc[0], acc[1], R.tail);
+                else    mk_pairs<false, true, MC>(base[0], base[1], ng, xq, g0, Mc, a.cs, acc[0], acc[1], R.tail);
             } else {
-                if (q4) mk_pairs<true,  false, MC>(base[0], nullptr, ng, xq, Mc, a.cs, acc[0], acc[1], R.tail);
-                else    mk_pairs<false, false, MC>(base[0], nullptr, ng, xq, Mc, a.cs, acc[0], acc[1], R.tail);
+                if (q4) mk_pairs<true,  false, MC>(base[0], nullptr, ng, xq, g0, Mc, a.cs, acc[0], acc[1], R.tail);
+                else    mk_pairs<false, false, MC>(base[0], nullptr, ng, xq, g0, Mc, a.cs, acc[0], acc[1], R.tail);
             }
         }
         __syncwarp();
@@ -163,7 +163,7 @@ int main() {
                         amax = fmaxf(amax, fabsf(x[l]));
                     }
                     const float d = amax/127.0f, id = amax != 0.0f ? 1.0f/d : 0.0f;
-                    uint8_t * rec = &xq[m*cs + (size_t) g*MK_XQ_REC];
+                    uint8_t * rec = &xq[m*cs + (size_t) mk_rec_slot(g)*MK_XQ_REC];   // (the staging's place for it)
                     int sq = 0;
                     for (int l = 0; l < 32; ++l) {
                         const int v = (int) nearbyintf(x[l]*id);

@@ -4,7 +4,7 @@
 // per thread and column; here K = 2560, 4096, 10240 (2, 2, 5 slots per thread) and 256 and 2304 (some threads without a
 // slot) take the rounds of several slots, the pending residual's separate rms round and its one-round form; 1..4
 // columns. Every staged byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal
-// bitwise. Prints OK/FAIL per case, exits 1 on any failure.
+// bitwise, and group g's record must sit where the mat-vec reads it (mk_rec_slot: its d from group g's staged values). Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
 #include "ggml-common.h"
@@ -98,7 +98,7 @@ int main() {
                 }
                 // only the bytes the staging defines: the columns' values (xs, where the mat-vec reads them) and
                 // records; the shared memory's unused columns keep the poison of the emulation in both runs
-                bool same = true;
+                bool same = true, placed = true;
                 for (int m = 0; m < Mc; ++m) {
                     const size_t xs0 = (size_t) m*KG*MK_XS_GROUP, xq0 = (size_t) m*KG*MK_XQ_REC;
                     const int xsb = mode == 4 || mode == 2 || mode == 3 ? 0 : KG*(int) MK_XS_GROUP;
@@ -110,6 +110,18 @@ int main() {
                         for (int g = 0; g < KG; ++g) {   // 32 quants, d, sum of q
                             same = same && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[1][q0 + g*MK_XQ_REC], 40) == 0;
                         }
+                        // where the mat-vec looks for group g's record (mk_rec_slot): the rounding of group g's staged
+                        // values (d = max|x|/127), not of another group's
+                        for (int g = 0; g < KG && xsb; ++g) {
+                            float amax = 0.0f, d;
+                            for (int l = 0; l < 32; ++l) {
+                                float v;
+                                memcpy(&v, &staged[0][xs0 + g*MK_XS_GROUP + 4*l], 4);
+                                amax = fmaxf(amax, fabsf(v));
+                            }
+                            memcpy(&d, &staged[0][q0 + (size_t) mk_rec_slot(g)*MK_XQ_REC + 32], 4);
+                            placed = placed && d == amax/127.0f;
+                        }
                     }
                 }
                 same = same && memcmp(outs[0][0].data(), outs[1][0].data(), outs[0][0].size()*sizeof(float)) == 0;
@@ -120,10 +132,11 @@ int main() {
                 const bool wrote = n_set > staged[0].size()*Mc/(8*MK_MC_SMALL) && (!(mode == 1 || mode == 2 || mode == 5) || outs[0][0][0] != -7.0f) &&
                                    (!(mode == 0 || mode == 1 || mode == 5) || outs[0][1][0] != -7.0f);
                 ++cases;
-                if (!same || !wrote) {
+                if (!same || !wrote || !placed) {
                     ++fails;
                     printf("FAIL K=%d %s Mc=%d: mk_stage_cols %s\n", K, names[mode], Mc,
-                           !wrote ? "and mk_stage wrote nothing" : "differs bitwise from mk_stage");
+                           !wrote ? "and mk_stage wrote nothing" : !placed ? "put a group's 8-bit record where the mat-vec does not look for it (mk_rec_slot)"
+                                  : "differs bitwise from mk_stage");
                 }
             }
         }
