@@ -171,6 +171,10 @@ struct ggml_mk_model {
                                               // first tiles in multiples of 32 groups (one per lane) where the last still
                                               // fits (Q6_K rows of 2560: 40 + 40 groups, 4 lane rounds, now 32 + 48, 3); other
                                               // bits: a lane's sums
+#define GGML_MK_VAR_FLOAT_GROUPS      0x8000000 // (before) F32 / F16 / BF16 weights a 32-value group per lane (mk_deq32: a lane
+                                              // stride of 64 or 128 bytes, every lane on the same shared-memory banks, and
+                                              // rows of 256 values on 8 lanes), not 4 consecutive values per lane (the warp
+                                              // reads the tile in order); other bits: a lane's sums
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -163,6 +163,8 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # 0x6000000: GGML_MK_VAR_PAIR_TAIL | GGML_MK_VAR_KQ_TILES (before: a tile's last Q4_0 pairs as pairs, K-quant tiles of equal
 # size): bitwise the default's here, where no row has more than 32 pairs or a second K-quant tile (they change only such
 # rows' bits, which test_cuda_kquant_dot_products_at_e4b_widths checks at E4B's widths)
+# 0x8000000: GGML_MK_VAR_FLOAT_GROUPS (before: F32 / F16 / BF16 weights a 32-value group per lane): a lane's sums in
+# another order, so no bitwise comparison with the default
 EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
@@ -172,7 +174,7 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x200000": ["--variant", "0x200000", "--vs-default"],
             "0x400000": ["--variant", "0x400000", "--vs-default"], "0x800000": ["--variant", "0x800000", "--vs-default"],
             "slow": ["--blocks", "3", "--slow-block", "1"], "0x1000000": ["--variant", "0x1000000"],
-            "0x6000000": ["--variant", "0x6000000", "--vs-default"],
+            "0x6000000": ["--variant", "0x6000000", "--vs-default"], "0x8000000": ["--variant", "0x8000000"],
             "wide-verify": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default"],
             "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"]}
 
@@ -373,6 +375,28 @@ def test_cuda_kernel_on_host_kquant_planted_bug_fails(tmp_path, cpu_build):
         f"a bug in the Q4_K dot products went unnoticed by the kernel emulation:\n{r.stdout[-3000:]}"
     r = subprocess.run([str(exe), "--variant", "0x1000000"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"variant 0x1000000 still runs the Q4_K integer dot products:\n{r.stdout[-3000:]}"
+
+
+# planted bugs in the F32 / F16 / BF16 mat-vec path of 4 values per lane (the kernel emulation's model has jobs of all
+# three types): a BF16 pair's halves swapped, F16 likewise, an F32 lane's inputs from the next 4 values; each must fail the
+# default run against the float64 reference, and GGML_MK_VAR_FLOAT_GROUPS (0x8000000: a group per lane, mk_deq32) must
+# not run it
+F4_PLANTED = {
+    "bf16_halves": ("mk_bf16((uint16_t) (h.x >> 16)),", "mk_bf16((uint16_t) (h.x & 0xffff)),"),
+    "f16_halves": ("mk_f16((uint16_t) (h.y >> 16)));", "mk_f16((uint16_t) (h.y & 0xffff)));"),
+    "input_offset": ("const int    xo = (g0 + v/32)*36 + v%32;", "const int    xo = (g0 + v/32)*36 + (v + 4)%32;"),
+}
+
+
+@pytest.mark.parametrize("bug", list(F4_PLANTED))
+def test_cuda_kernel_on_host_float_weights_planted_bug_fails(tmp_path, cpu_build, bug):
+    old, new = F4_PLANTED[bug]
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL .*NMSE vs float64 reference", r.stdout, re.M), \
+        f"planted bug {bug} in the float weights' path went unnoticed by the kernel emulation:\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe), "--variant", "0x8000000"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"variant 0x8000000 still runs the 4-values-per-lane path:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kernel_on_host_kquant_row_pairs_planted_bug_fails(tmp_path, cpu_build):

@@ -446,6 +446,8 @@ struct mk_mvr {
                     // the float inputs and mk_deq32, the way before)
     int   tail;     // a tile's last Q4_0/Q8_0 pairs one block per lane where they fill at most half a round (mk_pairs),
                     // unless GGML_MK_VAR_PAIR_TAIL (0: as pairs)
+    int   f4;       // F32 / F16 / BF16 jobs 4 consecutive values per lane (mk_deq4), unless GGML_MK_VAR_FLOAT_GROUPS (0: a
+                    // 32-value group per lane, mk_deq32)
 };
 
 // field f of job j (0..2) of R
@@ -468,6 +470,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.small  = (flags & GGML_MK_VAR_WIDE_M) ? 0 : (flags & GGML_MK_VAR_ITEM_STAGE) ? 1 : 2;
     R.kq     = (flags & GGML_MK_VAR_KQ_FLOAT) == 0;
     R.tail   = (flags & GGML_MK_VAR_PAIR_TAIL) == 0;
+    R.f4     = (flags & GGML_MK_VAR_FLOAT_GROUPS) == 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -1312,6 +1315,27 @@ MK_DEVICE float mk_pair_block(const uint8_t * base, int p, int h, bool is_q4, un
     return mk_f16((uint16_t) ((v[0] >> (16*h)) & 0xffff));
 }
 
+// F32 / F16 / BF16 weights read 4 values at a time (mk_mv_run): the type, and the tile's copy aligned for it (16 bytes
+// for F32, 8 for the halves: every such row is, its length a multiple of 4 like every mat-vec input's)
+MK_DEVICE bool mk_deq4_ok(int type, const uint8_t * base) {
+    return type == GGML_TYPE_F32 ? ((uintptr_t) base & 15) == 0
+         : (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) && ((uintptr_t) base & 7) == 0;
+}
+
+// values v .. v+3 of such a tile (mk_deq32's conversions)
+MK_DEVICE float4 mk_deq4(const uint8_t * base, int type, int v) {
+    if (type == GGML_TYPE_F32) {
+        return *(const float4 *) (base + 4*v);
+    }
+    const uint2 h = *(const uint2 *) (base + 2*v);
+    if (type == GGML_TYPE_F16) {
+        return mk_f4(mk_f16((uint16_t) (h.x & 0xffff)), mk_f16((uint16_t) (h.x >> 16)),
+                     mk_f16((uint16_t) (h.y & 0xffff)), mk_f16((uint16_t) (h.y >> 16)));
+    }
+    return mk_f4(mk_bf16((uint16_t) (h.x & 0xffff)), mk_bf16((uint16_t) (h.x >> 16)),
+                 mk_bf16((uint16_t) (h.y & 0xffff)), mk_bf16((uint16_t) (h.y >> 16)));
+}
+
 // a block's 8-bit inputs as staged (MK_XQ_REC bytes): 32 values, then d and the sum of q
 struct mk_rec {
     int4   x0, x1;
@@ -1790,6 +1814,24 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                                 const int l = i + h*WARP_SIZE;
                                 acc[m] = mk_dot_q8(wq[h], dw[h], xq + (size_t) (m*KG + g0 + (l ^ mk_rec_swap(l, g0)))*MK_XQ_REC, is_q4, acc[m]);
                             }
+                        }
+                    }
+                }
+            } else if (R.f4 && mk_deq4_ok(type, base)) {
+                // F32 / F16 / BF16: 4 consecutive values per lane, the warp's 128 in a row (the tile read in order: no
+                // bank conflicts; a row of 256 values on every lane), against the staged inputs' float4 of them
+                const int nv = min(32*ng, K - 32*g0);   // (a multiple of 4: mat-vec inputs are)
+                for (int v = 4*lane; v < nv; v += 4*WARP_SIZE) {
+                    const float4 w  = mk_deq4(base, type, v);
+                    const int    xo = (g0 + v/32)*36 + v%32;
+#pragma unroll
+                    for (int m = 0; m < MC; ++m) {
+                        if (MC == 1 || m < Mc) {
+                            const float4 xv = *(const float4 *) (xs + m*KG*36 + xo);
+                            acc[m] = fmaf(w.x, xv.x, acc[m]);
+                            acc[m] = fmaf(w.y, xv.y, acc[m]);
+                            acc[m] = fmaf(w.z, xv.z, acc[m]);
+                            acc[m] = fmaf(w.w, xv.w, acc[m]);
                         }
                     }
                 }

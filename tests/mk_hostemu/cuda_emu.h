@@ -121,6 +121,7 @@ struct half { uint16_t bits; };
 struct float4 { float x, y, z, w; };
 struct int4 { int x, y, z, w; };
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; ++i) {
         c += (int) (int8_t) (a >> 8*i) * (int) (int8_t) (b >> 8*i);
