@@ -284,27 +284,28 @@ def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cp
         r.stdout[-3000:] + r.stderr[-2000:]
 
 
-def test_cuda_staging_slot_by_slot_planted_bug_fails(tmp_path, cpu_build):
-    """the widths test must catch a bug the kernel emulation's K <= 512 cannot: the separate rms round of mk_stage_cols
-    taking only each thread's first slot (a row of K <= 2048 has one)"""
-    old = "v[m] = m < Mc && f < F4 ? mk_ldcg4((const float4 *) (x.res_h"
-    new = "v[m] = m < Mc && f < F4 && j == 0 ? mk_ldcg4((const float4 *) (x.res_h"
-    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=STAGE_EMU)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0 and re.search(r"^FAIL K=(2560|4096|10240|2304) residual", r.stdout, re.M), \
-        f"a bug in the rms round of several slots went unnoticed:\n{r.stdout[-3000:]}"
+# planted bugs the widths test above must catch and the kernel emulation (K <= 512) cannot: (old, new, the FAIL line
+# expected). rms_slots: the separate rms round of mk_stage_cols taking only each thread's first slot (a row of K <= 2048
+# has one); record_places: the rounding after the norm writing group g's 8-bit record to slot g, not mk_rec_slot(g) where
+# the mat-vecs read it (the emulation's rows, at most 8 groups, never reach a swapped slot; the widths test checks every
+# record's d against its group's staged values)
+STAGE_PLANTED = {
+    "rms_slots": ("v[m] = m < Mc && f < F4 ? mk_ldcg4((const float4 *) (x.res_h",
+                  "v[m] = m < Mc && f < F4 && j == 0 ? mk_ldcg4((const float4 *) (x.res_h",
+                  r"^FAIL K=(2560|4096|10240|2304) residual"),
+    "record_places": ("if (q8) {\n        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC);",
+                      "if (q8) {\n        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);",
+                      r"^FAIL K=\d+ .* where the mat-vec does not look for it"),
+}
 
 
-def test_cuda_staging_record_places_planted_bug_fails(tmp_path, cpu_build):
-    """the staging must put group g's 8-bit record in slot mk_rec_slot(g), where the mat-vecs read it: the kernel
-    emulation's rows (at most 8 groups) never reach a swapped slot, so the widths test checks every record's d against
-    its group's staged values; here the rounding after the norm writes them in plain order and must fail it"""
-    old = "if (q8) {\n        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC);"
-    new = "if (q8) {\n        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);"
+@pytest.mark.parametrize("bug", list(STAGE_PLANTED))
+def test_cuda_staging_planted_bug_fails(tmp_path, cpu_build, bug):
+    old, new, fail = STAGE_PLANTED[bug]
     exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=STAGE_EMU)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0 and re.search(r"^FAIL K=\d+ .* where the mat-vec does not look for it", r.stdout, re.M), \
-        f"a staged record out of its place went unnoticed:\n{r.stdout[-3000:]}"
+    assert r.returncode != 0 and re.search(fail, r.stdout, re.M), \
+        f"planted bug {bug} in the staging went unnoticed by the widths test:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
