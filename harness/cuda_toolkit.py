@@ -24,7 +24,10 @@ preprocessing, g++, is needed).
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
+import csv
+import gzip
 import re
 import shutil
 import subprocess
@@ -181,6 +184,7 @@ def sass_report(cubin: Path) -> dict[str, dict]:
     if r.returncode != 0:
         raise HarnessError(f"nvdisasm {cubin} failed:\n{r.stderr[-2000:]}")
     funcs: dict[str, list[tuple[int, str]]] = {}
+    kernel_of: dict[str, str] = {}   # the kernel whose text section holds the function (its labels: $kernel$function)
     labels: dict[str, int] = {}
     pending: list[str] = []
     cur = None
@@ -189,6 +193,7 @@ def sass_report(cubin: Path) -> dict[str, dict]:
         m = re.match(r"^(\$?[A-Za-z_][\w$.]*):$", t)
         if m and not t.startswith(".L") and not t.startswith(".text"):
             cur = m.group(1).split("$")[-1] or m.group(1)
+            kernel_of[cur] = [p for p in m.group(1).split("$") if p][0]
             funcs.setdefault(cur, [])
             continue
         m = re.match(r"^(\.L_x_\d+):", t)
@@ -218,7 +223,8 @@ def sass_report(cubin: Path) -> dict[str, dict]:
 
         def opcodes(part):
             return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for _, text in part)
-        out[name] = {"instructions": len(ins), "spills": len(spill),
+        out[name] = {"instructions": len(ins), "spills": len(spill), "kernel": kernel_of.get(name, name),
+                     "start": min((a for a, _ in ins), default=0), "end": max((a for a, _ in ins), default=0),
                      "loop_spills": sum(1 for a in spill if any(s0 <= a <= s1 for s0, s1 in loops)),
                      "opcodes": opcodes(ins),
                      # each loop (a backward branch and its target, in address order; loops nest): the instructions
@@ -228,6 +234,63 @@ def sass_report(cubin: Path) -> dict[str, dict]:
                                 "opcodes": opcodes([(a, t) for a, t in ins if s0 <= a <= s1])}
                                for s0, s1 in sorted(loops)]}
     return out
+
+
+def ncu_by_function(csv_path: Path, report: dict[str, dict]) -> list[dict]:
+    """An ncu source page (`ncu -i REP --page source --csv --print-source sass`, plain or .gz) of one kernel, its warp
+    stall samples and executed instructions summed per function of that kernel, the functions taken from sass_report of
+    the same code (every device function is a label in its kernel's text section, so a sample's address minus the
+    kernel's first is its offset there). Returns, busiest first: {'function', 'samples', 'share', 'instructions',
+    'stalls' (a Counter of the stall_* columns), 'excess_wavefronts' (shared memory)}. Raises HarnessError when the
+    CSV's code does not fit this SASS (another build)."""
+    opener = gzip.open if str(csv_path).endswith(".gz") else open
+    with opener(csv_path, "rt", newline="") as fh:
+        rows = list(csv.reader(fh))
+    if len(rows) < 3 or len(rows[0]) < 2 or rows[0][0] != "Kernel Name":
+        raise HarnessError(f"{csv_path}: not an ncu source page CSV (its first row names the kernel)")
+    kname = rows[0][1].split("(")[0]
+    head = rows[1]
+    ix = {n: i for i, n in enumerate(head)}
+    for col in ("Address", "Warp Stall Sampling (All Samples)", "Instructions Executed"):
+        if col not in ix:
+            raise HarnessError(f"{csv_path}: no column {col!r}")
+    body = [r for r in rows[2:] if len(r) == len(head)]
+    if not body:
+        raise HarnessError(f"{csv_path}: no instruction rows")
+    funcs = sorted((f["start"], f["end"], name) for name, f in report.items() if kname in f.get("kernel", ""))
+    if not funcs:
+        raise HarnessError(f"{csv_path}: kernel {kname} is not in this SASS")
+
+    def num(v):
+        try:
+            return float(v.replace(",", ""))
+        except ValueError:
+            return 0.0
+    base = int(body[0][ix["Address"]], 16)
+    span = int(body[-1][ix["Address"]], 16) - base
+    if span > max(e for _, e, _ in funcs) or span < max(e for _, e, _ in funcs) - 64:
+        raise HarnessError(f"{csv_path}: its code spans {span:#x} bytes, this SASS's kernel {max(e for _, e, _ in funcs):#x}: "
+                           "not the same build")
+    stall_cols = [n for n in head if n.startswith("stall_") and "Not Issued" not in n]
+    exc = ix.get("L1 Wavefronts Shared Excessive")
+    acc: dict[str, dict] = {}
+    starts = [s0 for s0, _, _ in funcs]
+    for r in body:
+        off = int(r[ix["Address"]], 16) - base
+        k = bisect.bisect_right(starts, off) - 1
+        name = funcs[k][2] if k >= 0 else "?"
+        a = acc.setdefault(name, {"function": name, "samples": 0.0, "instructions": 0.0, "stalls": collections.Counter(),
+                                  "excess_wavefronts": 0.0})
+        a["samples"] += num(r[ix["Warp Stall Sampling (All Samples)"]])
+        a["instructions"] += num(r[ix["Instructions Executed"]])
+        for c in stall_cols:
+            a["stalls"][c[len("stall_"):]] += num(r[ix[c]])
+        if exc is not None:
+            a["excess_wavefronts"] += num(r[exc])
+    total = sum(a["samples"] for a in acc.values()) or 1.0
+    for a in acc.values():
+        a["share"] = a["samples"]/total
+    return sorted(acc.values(), key=lambda a: -a["samples"])
 
 
 def compile_check(source: Path, includes: list[Path], arch: str = "sm_90", defines: list[str] | None = None,
@@ -271,10 +334,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loops", metavar="NAME",
                     help="with --sass: also list every loop of the functions whose name contains NAME (address range, "
                          "instructions, dp4a, shared and generic loads, spills)")
+    ap.add_argument("--ncu", metavar="CSV", type=Path,
+                    help="with --sass: an ncu source page of the kernel built from the same code (`ncu -i REP --page "
+                         "source --csv --print-source sass`, plain or .gz): its stall samples per function")
     ap.add_argument("--nvcc", action="store_true",
                     help=f"compile with nvcc {NVCC_VERSION} (PyPI wheels, fetched once) and ggml-cuda's flags instead of clang: "
                          "the code the device build makes")
     args = ap.parse_args(argv)
+    if (args.loops or args.ncu) and not args.sass:
+        ap.error("--loops and --ncu go with --sass")
     rc = 0
     for src in args.sources:
         res = compile_check(src, args.includes, args.arch, nvcc=args.nvcc)
@@ -293,6 +361,15 @@ def main(argv: list[str] | None = None) -> int:
                         o = lp["opcodes"]
                         print(f"      loop {lp['start']:#x}..{lp['end']:#x}: {lp['instructions']} instructions, dp4a "
                               f"{o.get('IDP', 0)}, LDS {o.get('LDS', 0)}, LD {o.get('LD', 0)}, spills {lp['spills']}")
+            if args.ncu:
+                print(f"  {args.ncu}: stall samples per function")
+                print(f"  {'function':60s} {'share':>6s} {'instr exec':>11s} {'excess wavefronts':>17s}  top stalls (% of its samples)")
+                for a in ncu_by_function(args.ncu, sass_report(res["cubin"])):
+                    if a["share"] < 0.001:
+                        continue
+                    top = ", ".join(f"{k} {v/max(a['samples'], 1)*100:.0f}" for k, v in a["stalls"].most_common(3))
+                    print(f"  {short_name(a['function'])[:60]:60s} {a['share']*100:5.1f}% {a['instructions']/1e6:10.1f}M "
+                          f"{a['excess_wavefronts']/1e6:16.1f}M  {top}")
     return rc
 
 

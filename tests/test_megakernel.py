@@ -611,3 +611,43 @@ def test_device_script_makes_the_q4km_models_with_llama_quantize(tmp_path):
     log = (tmp_path / "out" / "quantize-e4b-q4km.log").read_text()
     assert f"args: --allow-requantize {work}/models/e4b.gguf {work}/models/e4b-q4km.gguf.part Q4_K_M 2" in log, log
     assert re.search(r"1 converting to q4_K\s+1 converting to q6_K", r.stdout), r.stdout
+
+
+def _ncu_page(path: Path, kernel: str, rows: list[tuple[int, str, int, int, int, int]]) -> Path:
+    """an ncu source page CSV as ncu writes it: the kernel's row, the header, then (address offset, SASS, samples,
+    instructions executed, stall_wait, stall_barrier) per instruction, at an arbitrary load address"""
+    import csv as _csv
+    import gzip as _gzip
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_wait",
+            "stall_barrier", "stall_wait (Not Issued)", "L1 Wavefronts Shared Excessive"]
+    with _gzip.open(path, "wt", newline="") as fh:
+        w = _csv.writer(fh, quoting=_csv.QUOTE_ALL)
+        w.writerow(["Kernel Name", f"{kernel}(args)", ""])
+        w.writerow(head)
+        for off, text, smp, ins, wt, bar in rows:
+            w.writerow([f"{0x7f0000000000 + off:#x}", text, f"{smp:,}", f"{ins:,}", wt, bar, 99, 7])
+    return path
+
+
+def test_cuda_toolkit_ncu_samples_per_function(tmp_path):
+    """cuda_toolkit.ncu_by_function: each sample goes to the function whose SASS offsets hold it (the kernel's own code
+    from 0, a device function after it), shares of all samples, the stall columns summed (not the 'Not Issued' ones);
+    another build's page (its code longer or shorter than the SASS) and another kernel's are refused by name"""
+    report = {"_Z4kernv": {"kernel": "_Z4kernv", "start": 0x0, "end": 0x30},
+              "_Z3devv": {"kernel": "_Z4kernv", "start": 0x40, "end": 0x70},
+              "_Z5otherv": {"kernel": "_Z5otherv", "start": 0x0, "end": 0x1000}}
+    rows = [(0x00, "IMAD R1", 10, 100, 4, 6), (0x10, "BAR.SYNC", 30, 100, 0, 30), (0x20, "CALL", 0, 100, 0, 0),
+            (0x30, "EXIT", 0, 100, 0, 0), (0x40, "LDS R2", 45, 400, 40, 0), (0x50, "IDP R3", 15, 400, 15, 0),
+            (0x60, "RET", 0, 100, 0, 0), (0x70, "BRA", 0, 0, 0, 0)]
+    res = cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "p.csv.gz", "kern", rows), report)
+    assert [a["function"] for a in res] == ["_Z3devv", "_Z4kernv"]
+    dev, ker = res
+    assert dev["samples"] == 60 and abs(dev["share"] - 0.6) < 1e-9 and dev["instructions"] == 900
+    assert ker["samples"] == 40 and ker["instructions"] == 400 and ker["stalls"]["barrier"] == 36
+    assert dev["stalls"]["wait"] == 55 and "wait (Not Issued)" not in dev["stalls"] and dev["excess_wavefronts"] == 28
+    with pytest.raises(cuda_toolkit.HarnessError, match="not the same build"):
+        cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "q.csv.gz", "kern", rows + [(0x200, "NOP", 0, 0, 0, 0)]), report)
+    with pytest.raises(cuda_toolkit.HarnessError, match="not the same build"):
+        cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "r.csv.gz", "kern", rows[:3]), report)
+    with pytest.raises(cuda_toolkit.HarnessError, match="kernel nokern is not in this SASS"):
+        cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "s.csv.gz", "nokern", rows), report)
