@@ -364,40 +364,30 @@ def test_cuda_kquant_dot_products_planted_bug_fails(tmp_path, cpu_build, bug):
         f"planted bug {bug} in the integer dot products went unnoticed:\n{r.stdout[-3000:]}"
 
 
-def test_cuda_kernel_on_host_kquant_planted_bug_fails(tmp_path, cpu_build):
-    """the kernel emulation's model has Q4_K and Q6_K jobs (q/k projections, gate/up, down, per-layer gate): by default
-    they take the integer dot products, so a bug planted there (Q4_K's nibbles swapped: low for odd groups) must fail
-    the default run against the float64 reference, and GGML_MK_VAR_KQ_FLOAT (0x1000000: the float path) must not run it"""
-    old = "const int sh = 4*(j % 2);"
-    new = "const int sh = 4*((j + 1) % 2);"
-    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
-    assert r.returncode != 0 and re.search(r"^FAIL .*NMSE vs float64 reference", r.stdout, re.M), \
-        f"a bug in the Q4_K dot products went unnoticed by the kernel emulation:\n{r.stdout[-3000:]}"
-    r = subprocess.run([str(exe), "--variant", "0x1000000"], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"variant 0x1000000 still runs the Q4_K integer dot products:\n{r.stdout[-3000:]}"
-
-
-# planted bugs in the F32 / F16 / BF16 mat-vec path of 4 values per lane (the kernel emulation's model has jobs of all
-# three types): a BF16 pair's halves swapped, F16 likewise, an F32 lane's inputs from the next 4 values; each must fail the
-# default run against the float64 reference, and GGML_MK_VAR_FLOAT_GROUPS (0x8000000: a group per lane, mk_deq32) must
-# not run it
-F4_PLANTED = {
-    "bf16_halves": ("mk_bf16((uint16_t) (h.x >> 16)),", "mk_bf16((uint16_t) (h.x & 0xffff)),"),
-    "f16_halves": ("mk_f16((uint16_t) (h.y >> 16)));", "mk_f16((uint16_t) (h.y & 0xffff)));"),
-    "input_offset": ("const int    xo = (g0 + v/32)*36 + v%32;", "const int    xo = (g0 + v/32)*36 + (v + 4)%32;"),
+# planted bugs in a default path that a before-variant replaces: each must fail the kernel emulation's default run against
+# the float64 reference and must not run under the variant (old, new, variant). The model has Q4_K and Q6_K jobs (q/k
+# projections, gate/up, down, per-layer gate) and F32 / F16 / BF16 jobs. q4k_nibbles: Q4_K's nibbles swapped in the
+# integer dot products (low for odd groups; 0x1000000 GGML_MK_VAR_KQ_FLOAT: the float path); bf16_halves, f16_halves,
+# input_offset: the float weights' path of 4 values per lane, a pair's halves swapped or an F32 lane's inputs from the
+# next 4 values (0x8000000 GGML_MK_VAR_FLOAT_GROUPS: a group per lane, mk_deq32)
+VARIANT_PLANTED = {
+    "q4k_nibbles": ("const int sh = 4*(j % 2);", "const int sh = 4*((j + 1) % 2);", "0x1000000"),
+    "bf16_halves": ("mk_bf16((uint16_t) (h.x >> 16)),", "mk_bf16((uint16_t) (h.x & 0xffff)),", "0x8000000"),
+    "f16_halves": ("mk_f16((uint16_t) (h.y >> 16)));", "mk_f16((uint16_t) (h.y & 0xffff)));", "0x8000000"),
+    "input_offset": ("const int    xo = (g0 + v/32)*36 + v%32;", "const int    xo = (g0 + v/32)*36 + (v + 4)%32;",
+                     "0x8000000"),
 }
 
 
-@pytest.mark.parametrize("bug", list(F4_PLANTED))
-def test_cuda_kernel_on_host_float_weights_planted_bug_fails(tmp_path, cpu_build, bug):
-    old, new = F4_PLANTED[bug]
+@pytest.mark.parametrize("bug", list(VARIANT_PLANTED))
+def test_cuda_kernel_on_host_default_path_planted_bug_fails(tmp_path, cpu_build, bug):
+    old, new, variant = VARIANT_PLANTED[bug]
     exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and re.search(r"^FAIL .*NMSE vs float64 reference", r.stdout, re.M), \
-        f"planted bug {bug} in the float weights' path went unnoticed by the kernel emulation:\n{r.stdout[-3000:]}"
-    r = subprocess.run([str(exe), "--variant", "0x8000000"], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"variant 0x8000000 still runs the 4-values-per-lane path:\n{r.stdout[-3000:]}"
+        f"planted bug {bug} went unnoticed by the kernel emulation:\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe), "--variant", variant], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"variant {variant} still runs the code of planted bug {bug}:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kernel_on_host_kquant_row_pairs_planted_bug_fails(tmp_path, cpu_build):
