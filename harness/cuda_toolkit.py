@@ -241,7 +241,7 @@ def ncu_by_function(csv_path: Path, report: dict[str, dict]) -> list[dict]:
     stall samples and executed instructions summed per function of that kernel, the functions taken from sass_report of
     the same code (every device function is a label in its kernel's text section, so a sample's address minus the
     kernel's first is its offset there). Returns, busiest first: {'function', 'samples', 'share', 'instructions',
-    'stalls' (a Counter of the stall_* columns), 'excess_wavefronts' (shared memory)}. Raises HarnessError when the
+    'stalls' (a Counter of the stall_* columns), 'wavefronts' and 'excess_wavefronts' (shared memory)}. Raises HarnessError when the
     CSV's code does not fit this SASS (another build)."""
     opener = gzip.open if str(csv_path).endswith(".gz") else open
     with opener(csv_path, "rt", newline="") as fh:
@@ -273,6 +273,7 @@ def ncu_by_function(csv_path: Path, report: dict[str, dict]) -> list[dict]:
                            "not the same build")
     stall_cols = [n for n in head if n.startswith("stall_") and "Not Issued" not in n]
     exc = ix.get("L1 Wavefronts Shared Excessive")
+    wav = ix.get("L1 Wavefronts Shared")
     acc: dict[str, dict] = {}
     starts = [s0 for s0, _, _ in funcs]
     for r in body:
@@ -280,13 +281,15 @@ def ncu_by_function(csv_path: Path, report: dict[str, dict]) -> list[dict]:
         k = bisect.bisect_right(starts, off) - 1
         name = funcs[k][2] if k >= 0 else "?"
         a = acc.setdefault(name, {"function": name, "samples": 0.0, "instructions": 0.0, "stalls": collections.Counter(),
-                                  "excess_wavefronts": 0.0})
+                                  "wavefronts": 0.0, "excess_wavefronts": 0.0})
         a["samples"] += num(r[ix["Warp Stall Sampling (All Samples)"]])
         a["instructions"] += num(r[ix["Instructions Executed"]])
         for c in stall_cols:
             a["stalls"][c[len("stall_"):]] += num(r[ix[c]])
         if exc is not None:
             a["excess_wavefronts"] += num(r[exc])
+        if wav is not None:
+            a["wavefronts"] += num(r[wav])
     total = sum(a["samples"] for a in acc.values()) or 1.0
     for a in acc.values():
         a["share"] = a["samples"]/total
@@ -364,7 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.ncu:
                 print(f"  {args.ncu}: stall samples per function")
                 print(f"  {'function':60s} {'share':>6s} {'instr exec':>11s} {'excess wavefronts':>17s}  top stalls (% of its samples)")
-                for a in ncu_by_function(args.ncu, sass_report(res["cubin"])):
+                per = ncu_by_function(args.ncu, sass_report(res["cubin"]))
+                print(f"  all: {sum(a['samples'] for a in per):.0f} samples, shared wavefronts "
+                      f"{sum(a['wavefronts'] for a in per)/1e6:.1f}M, of them excess {sum(a['excess_wavefronts'] for a in per)/1e6:.1f}M")
+                for a in per:
                     if a["share"] < 0.001:
                         continue
                     top = ", ".join(f"{k} {v/max(a['samples'], 1)*100:.0f}" for k, v in a["stalls"].most_common(3))

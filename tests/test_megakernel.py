@@ -374,8 +374,7 @@ VARIANT_PLANTED = {
     "q4k_nibbles": ("const int sh = 4*(j % 2);", "const int sh = 4*((j + 1) % 2);", "0x1000000"),
     "bf16_halves": ("mk_bf16((uint16_t) (h.x >> 16)),", "mk_bf16((uint16_t) (h.x & 0xffff)),", "0x8000000"),
     "f16_halves": ("mk_f16((uint16_t) (h.y >> 16)));", "mk_f16((uint16_t) (h.y & 0xffff)));", "0x8000000"),
-    "input_offset": ("const int    xo = (g0 + v/32)*36 + v%32;", "const int    xo = (g0 + v/32)*36 + (v + 4)%32;",
-                     "0x8000000"),
+    "input_offset": ("const int    f = 8*g0 + v/4;", "const int    f = 8*g0 + (v/4 + 1)%8 + v/32*8;", "0x8000000"),
 }
 
 
@@ -609,13 +608,13 @@ def _ncu_page(path: Path, kernel: str, rows: list[tuple[int, str, int, int, int,
     import csv as _csv
     import gzip as _gzip
     head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_wait",
-            "stall_barrier", "stall_wait (Not Issued)", "L1 Wavefronts Shared Excessive"]
+            "stall_barrier", "stall_wait (Not Issued)", "L1 Wavefronts Shared Excessive", "L1 Wavefronts Shared"]
     with _gzip.open(path, "wt", newline="") as fh:
         w = _csv.writer(fh, quoting=_csv.QUOTE_ALL)
         w.writerow(["Kernel Name", f"{kernel}(args)", ""])
         w.writerow(head)
         for off, text, smp, ins, wt, bar in rows:
-            w.writerow([f"{0x7f0000000000 + off:#x}", text, f"{smp:,}", f"{ins:,}", wt, bar, 99, 7])
+            w.writerow([f"{0x7f0000000000 + off:#x}", text, f"{smp:,}", f"{ins:,}", wt, bar, 99, 7, 9])
     return path
 
 
@@ -634,7 +633,7 @@ def test_cuda_toolkit_ncu_samples_per_function(tmp_path):
     dev, ker = res
     assert dev["samples"] == 60 and abs(dev["share"] - 0.6) < 1e-9 and dev["instructions"] == 900
     assert ker["samples"] == 40 and ker["instructions"] == 400 and ker["stalls"]["barrier"] == 36
-    assert dev["stalls"]["wait"] == 55 and "wait (Not Issued)" not in dev["stalls"] and dev["excess_wavefronts"] == 28
+    assert dev["stalls"]["wait"] == 55 and "wait (Not Issued)" not in dev["stalls"] and dev["excess_wavefronts"] == 28 and dev["wavefronts"] == 36
     with pytest.raises(cuda_toolkit.HarnessError, match="not the same build"):
         cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "q.csv.gz", "kern", rows + [(0x200, "NOP", 0, 0, 0, 0)]), report)
     with pytest.raises(cuda_toolkit.HarnessError, match="not the same build"):

@@ -1472,7 +1472,8 @@ struct mk_accs {
 #define MK_KQ_ROWS(MC) ((MC) <= MK_MC_SMALL ? 2 : 1)
 
 // the ng 32-value groups of a Q4_K (Q4K) or Q6_K tile at base0 (Q4_K: 16-byte aligned), lane-strided, for columns 0 .. Mc-1
-// whose input records start at xq + m*cs (the tile's first group g0: records in mk_rec_slot order): the lane's sum over them per column in v[m] (the caller adds it to the row's);
+// whose input records start at xq + m*cs (the tile's first group g0: records in mk_rec_slot order): the lane's sum
+// over them per column in v[m] (the caller adds it to the row's);
 // base1 (Q4_K, MK_KQ_ROWS 2): also the tile of a second row with the same groups (a gate/up row pair, or the warp's next
 // row), each record loaded once for both, its sums in v[MC + m]. A column's groups are added in the same order whatever
 // MC, Mc and base1 are (a verify batch's column is bit for bit its one-token step)
@@ -1822,12 +1823,12 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 // bank conflicts; a row of 256 values on every lane), against the staged inputs' float4 of them
                 const int nv = min(32*ng, K - 32*g0);   // (a multiple of 4: mat-vec inputs are)
                 for (int v = 4*lane; v < nv; v += 4*WARP_SIZE) {
-                    const float4 w  = mk_deq4(base, type, v);
-                    const int    xo = (g0 + v/32)*36 + v%32;
+                    const float4 w = mk_deq4(base, type, v);
+                    const int    f = 8*g0 + v/4;   // the inputs' slot of values v .. v+3 of the tile
 #pragma unroll
                     for (int m = 0; m < MC; ++m) {
                         if (MC == 1 || m < Mc) {
-                            const float4 xv = *(const float4 *) (xs + m*KG*36 + xo);
+                            const float4 xv = *mk_stage_xs(xs, m, KG, f);
                             acc[m] = fmaf(w.x, xv.x, acc[m]);
                             acc[m] = fmaf(w.y, xv.y, acc[m]);
                             acc[m] = fmaf(w.z, xv.z, acc[m]);

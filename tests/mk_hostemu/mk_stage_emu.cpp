@@ -4,7 +4,8 @@
 // per thread and column; here K = 2560, 4096, 10240 (2, 2, 5 slots per thread) and 256 and 2304 (some threads without a
 // slot) take the rounds of several slots, the pending residual's separate rms round and its one-round form; 1..4
 // columns. Every staged byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal
-// bitwise, and group g's record must sit where the mat-vec reads it (mk_rec_slot: its d from group g's staged values). Prints OK/FAIL per case, exits 1 on any failure.
+// bitwise, and group g's record must sit where the mat-vec reads it (mk_rec_slot: its d from group g's staged values).
+// Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
 #include "ggml-common.h"
@@ -134,9 +135,10 @@ int main() {
                 ++cases;
                 if (!same || !wrote || !placed) {
                     ++fails;
-                    printf("FAIL K=%d %s Mc=%d: mk_stage_cols %s\n", K, names[mode], Mc,
-                           !wrote ? "and mk_stage wrote nothing" : !placed ? "put a group's 8-bit record where the mat-vec does not look for it (mk_rec_slot)"
-                                  : "differs bitwise from mk_stage");
+                    printf("FAIL K=%d %s Mc=%d: %s\n", K, names[mode], Mc,
+                           !wrote   ? "mk_stage_cols and mk_stage wrote nothing"
+                         : !placed  ? "the staging put a group's 8-bit record where the mat-vec does not look for it (mk_rec_slot)"
+                                    : "mk_stage_cols differs bitwise from mk_stage");
                 }
             }
         }
