@@ -176,7 +176,11 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "slow": ["--blocks", "3", "--slow-block", "1"], "0x1000000": ["--variant", "0x1000000"],
             "0x6000000": ["--variant", "0x6000000", "--vs-default"], "0x8000000": ["--variant", "0x8000000"],
             "wide-verify": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default"],
-            "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"]}
+            "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"],
+            # a verify batch of 2..4 tokens staged over clusters of 2 blocks (the default on an even grid) against the
+            # staging whole in every block (0x10000000, GGML_MK_VAR_NO_CLUSTER); two clusters with a slow block
+            "0x10000000": ["--verify", "2,3,4", "--variant", "0x10000000", "--vs-default"],
+            "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -195,6 +199,13 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     if "--vs-default" in args:
         n_steps = 18 + len(verify_m)   # (18 one-token steps, then the verify steps)
         assert re.search(rf"^OK variant 0x\w+ == default kernel bitwise .*: 0 of {n_steps} steps differ", r.stdout, re.M), r.stdout
+    # the verify steps of 2..4 tokens ran as clusters of 2 blocks wherever they should (mk_step_cl: an even grid, the
+    # default staging, not 0x10000000), and no other step did
+    blocks = int(args[args.index("--blocks") + 1]) if "--blocks" in args else 2
+    var = int(args[args.index("--variant") + 1], 0) if "--variant" in args else 0
+    clustered = blocks % 2 == 0 and not var & (0x400000 | 0x800000 | 0x10000000)
+    n_cl = re.search(r"^steps staged over clusters of 2 blocks \(mk_step_cl\): (\d+)", r.stdout, re.M)
+    assert n_cl and int(n_cl.group(1)) == (sum(2 <= m <= 4 for m in verify_m) if clustered else 0), r.stdout
     packed = re.search(r"^kernel: (\d+) of (\d+) mat-vec jobs in tiles of several rows \(up to (\d+)\)", r.stdout, re.M)
     assert packed, r.stdout
     if variant == "0x10000":
@@ -272,15 +283,28 @@ def test_cuda_kernel_on_host_item_staging_planted_bug_fails(tmp_path, cpu_build)
         f"a bug in the item-by-item staging went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
 
 
+def test_cuda_kernel_on_host_cluster_pass_barrier_planted_bug_fails(tmp_path, cpu_build):
+    """a verify step whose mat-vecs run in passes of 2 columns (the emulation's small shared memory) as clusters of 2
+    blocks: without the cluster barrier at a later pass's staging, a block writes the next pass's inputs into its
+    partner's shared memory while the partner still reads the pass before; the "clusters-slow" schedule must catch it"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build,
+                              "mk_cluster_sync();   // a later pass of the mat-vec: the partner is done with the inputs of the pass before",
+                              "/* planted: no cluster barrier */")
+    r = subprocess.run([str(exe), *EMU_RUNS["clusters-slow"]], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL verify M=[34]", r.stdout, re.M), \
+        f"a missing cluster barrier between passes went unnoticed:\n{r.stdout[-3000:]}"
+
+
 @pytest.mark.parametrize("sb", [2, 3])
 def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cpu_build, sb):
-    """mk_stage_cols (the default for 2..4 columns) against mk_stage (GGML_MK_VAR_ITEM_STAGE) at K = 2560, 4096, 10240 (several slots per thread: the
-    separate rms round, rounds of several slots), 256 and 2304 (threads without a slot), every staging mode, 1..4
-    columns; MK_SB 2 (the GPU's) and 3: every staged byte and row equal"""
+    """mk_stage_cols (the default for 2..4 columns), in one block and split over a cluster of 2 blocks, against mk_stage
+    (GGML_MK_VAR_ITEM_STAGE) at K = 2560, 4096, 10240 (several slots per thread: the separate rms round, rounds of several
+    slots), 256 and 2304 (threads without a slot), every staging mode, 1..4 columns; MK_SB 2 (the GPU's) and 3: every
+    staged byte (in both blocks of the cluster) and row equal"""
     exe = _build_kernel_emu(tmp_path / "mk_stage_emu", cpu_build, source=STAGE_EMU, sb=sb)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(r.stdout[-2000:])
-    assert r.returncode == 0 and re.search(r"^OK staging slot by slot .*: 0 of 120 cases differ", r.stdout, re.M), \
+    assert r.returncode == 0 and re.search(r"^OK staging slot by slot \(mk_stage_cols, one block and a cluster of 2\) .*: 0 of 120 cases differ", r.stdout, re.M), \
         r.stdout[-3000:] + r.stderr[-2000:]
 
 
@@ -290,12 +314,24 @@ def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cp
 # the mat-vecs read it (the emulation's rows, at most 8 groups, never reach a swapped slot; the widths test checks every
 # record's d against its group's staged values)
 STAGE_PLANTED = {
-    "rms_slots": ("v[m] = m < Mc && f < F4 ? mk_ldcg4((const float4 *) (x.res_h",
-                  "v[m] = m < Mc && f < F4 && j == 0 ? mk_ldcg4((const float4 *) (x.res_h",
+    "rms_slots": ("v[m] = on(m) && f < F4 ? mk_ldcg4((const float4 *) (x.res_h",
+                  "v[m] = on(m) && f < F4 && j == 0 ? mk_ldcg4((const float4 *) (x.res_h",
                   r"^FAIL K=(2560|4096|10240|2304) residual"),
-    "record_places": ("if (q8) {\n        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC);",
-                      "if (q8) {\n        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + f/8)*MK_XQ_REC);",
+    "record_places": ("if (q8) {\n        const size_t r = (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;",
+                      "if (q8) {\n        const size_t r = (size_t) (m*KG + f/8)*MK_XQ_REC;",
                       r"^FAIL K=\d+ .* where the mat-vec does not look for it"),
+    # the staging split over a cluster of 2 blocks (mk_stage_cols with cl = 2, session 30): the partner's copy of the
+    # 8-bit records' quants not written; of the norm-scaled values not written; the cluster barrier at the end a block
+    # barrier only (the partner's stores may not have landed when the mat-vec reads them); the rows for the host and the
+    # next residual step (res_out, nw_out) written by block 0 only (the odd columns, staged by block 1, never)
+    "cluster_records": ("((unsigned *) rec2)[f % 8] = w;", "(void) w;", r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
+    "cluster_values": ("            if (xs2) {\n                *mk_stage_xs(xs2, m, KG, f) = v;\n            }\n        }\n        if (x.nw_out",
+                       "        }\n        if (x.nw_out", r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
+    "cluster_barrier": ("        if (cl > 1) {\n            mk_cluster_sync();\n        } else {\n            __syncthreads();\n        }\n"
+                        "        mk_prof_at(prof, MK_PH_ST_Q8);", "        __syncthreads();\n        mk_prof_at(prof, MK_PH_ST_Q8);",
+                        r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
+    "cluster_rows": ("(int) blockIdx.x == m % cl, xs2, xq2);", "blockIdx.x == 0, xs2, xq2);",
+                     r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
 }
 
 

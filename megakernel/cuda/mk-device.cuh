@@ -122,6 +122,36 @@ static __device__ __forceinline__ unsigned mk_ld_acquire(const unsigned * p) {
     return v;
 }
 
+// thread block clusters (sm_90+; the host launches a small verify batch's grid as clusters of 2 blocks, consecutive block
+// indices, mk_step_cl): the blocks in this block's cluster (1 in a launch without clusters), this block's rank in it,
+// the cluster barrier (every thread of every block of the cluster; release / acquire: the shared-memory stores made
+// before it into any block of the cluster are seen after it), and the generic address of shared variable p in block
+// `rank` of the cluster
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define MK_CLUSTER_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define MK_CLUSTER_ASM(...) __trap()
+#endif
+static __device__ __forceinline__ int mk_cluster_size() {
+    unsigned n = 1;
+    MK_CLUSTER_ASM("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return (int) n;
+}
+static __device__ __forceinline__ int mk_cluster_rank() {
+    unsigned r = 0;
+    MK_CLUSTER_ASM("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int) r;
+}
+static __device__ __forceinline__ void mk_cluster_sync() {
+    MK_CLUSTER_ASM("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+template <typename T>
+static __device__ __forceinline__ T * mk_cluster_map(T * p, int rank) {
+    unsigned long long r = 0;
+    MK_CLUSTER_ASM("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
+    return (T *) r;
+}
+
 static __device__ __forceinline__ unsigned long long mk_clock_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

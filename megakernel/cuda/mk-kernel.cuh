@@ -196,6 +196,14 @@ struct mk_args {
     int bulk;       // 1: weight tiles through the bulk copy engine (sm_90+), 0: 16-byte cp.async per lane
 };
 
+// the cluster size a launch of M tokens runs with (the kernel reads it from the launch: mk_cluster_size): 2 for a small verify batch whose staging takes
+// mk_stage_cols (2..MK_MC_SMALL tokens, the default mat-vec flags), unless GGML_MK_VAR_NO_CLUSTER, on a device that
+// co-schedules the whole grid as pairs (can: sm_90+, every pair resident at once) of an even grid; else 1
+MK_HOSTDEV int mk_step_cl(int M, int flags, int grid, bool can) {
+    const bool cols = !(flags & (GGML_MK_VAR_WIDE_M | GGML_MK_VAR_ITEM_STAGE | GGML_MK_VAR_NO_CLUSTER));
+    return can && cols && M >= 2 && M <= MK_MC_SMALL && grid % 2 == 0 ? 2 : 1;
+}
+
 // ---------------------------------------------------------------------------------------------
 // grid barrier: one count of arrivals in this launch that only grows: the arrival that makes it a multiple of
 // the grid ends the barrier, so a block waits until the count reaches the next multiple of the grid above its
@@ -861,8 +869,9 @@ MK_DEVICE float4 * mk_stage_xs(float * xs, int m, int KG, int f) {
 
 // the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
 // q = round(x*(1/d)): one division per slot, not four); the group's 8 slots are on 8 consecutive lanes, and every
-// lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles)
-MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
+// lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles);
+// rec2: the same record also there (a cluster partner's copy), or nullptr
+MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, uint8_t * rec2 = nullptr) {
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     MK_UNROLL
     for (int o = 1; o < 8; o <<= 1) {
@@ -881,22 +890,33 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec) {
         sq += __shfl_xor_sync(0xffffffff, sq, o);
     }
     if (ok) {
-        ((unsigned *) rec)[f % 8] = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
-                                    (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
+        const unsigned w = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
+                           (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
+        ((unsigned *) rec)[f % 8] = w;
+        if (rec2) {
+            ((unsigned *) rec2)[f % 8] = w;
+        }
         if (f % 8 == 0) {
             ((float *) (rec + 32))[0] = d;
             ((float *) (rec + 32))[1] = sq;
+            if (rec2) {
+                ((float *) (rec2 + 32))[0] = d;
+                ((float *) (rec2 + 32))[1] = sq;
+            }
         }
     }
 }
 
-// the rest of a staging item of column m (of the pass at m0), slot f, with its value v: the new residual row (block 0),
-// the norm's sum of squares ss and vector slot vn, then the 8-bit record (direct: every lane of the warp comes here)
-// or the staged value. F4, F: the slots with values, with padding
+// the rest of a staging item of column m (of the pass at m0), slot f, with its value v: the new residual row (wr: this
+// block writes column m's rows; block 0 without clusters), the norm's sum of squares ss and vector slot vn, then the
+// 8-bit record (direct: every lane of the warp comes here) or the staged value. F4, F: the slots with values, with
+// padding. xs2, xq2: a cluster partner's inputs (or nullptr), which get every final value too (the staged value
+// only if no norm scales it later, mk_stage_round)
 MK_DEVICE void mk_stage_put(const mk_xin & x, float4 v, const float4 & vn, float & ss, int m0, int m, int f, int F4, int F,
-                            int KG, bool direct, float * xs, uint8_t * xq) {
+                            int KG, bool direct, float * xs, uint8_t * xq, bool wr, float * xs2 = nullptr,
+                            uint8_t * xq2 = nullptr) {
     const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
-    if (x.res_h != nullptr && x.mode != MK_X_GEGLU && blockIdx.x == 0 && f < F4) {
+    if (x.res_h != nullptr && x.mode != MK_X_GEGLU && wr && f < F4) {
         ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
     }
     if (x.nw) {
@@ -904,16 +924,21 @@ MK_DEVICE void mk_stage_put(const mk_xin & x, float4 v, const float4 & vn, float
         v = mk_mul4(v, vn);
     }
     if (direct) {
-        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC);
+        const size_t r = (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;
+        mk_q8_slot(v, f, ok, xq + r, xq2 ? xq2 + r : nullptr);
     } else if (ok) {
         *mk_stage_xs(xs, m, KG, f) = v;
+        if (xs2 && !x.nw) {
+            *mk_stage_xs(xs2, m, KG, f) = v;
+        }
     }
 }
 
-// the second round of a staging item: its staged value scaled by the norm's 1/rms sc (block 0 also writes it to
-// nw_out), then rounded to 8 bits (q8: every lane of the warp comes here)
+// the second round of a staging item: its staged value scaled by the norm's 1/rms sc (the block that writes column m's
+// rows, wr, also writes it to nw_out), then rounded to 8 bits (q8: every lane of the warp comes here); xs2, xq2 as in
+// mk_stage_put
 MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, int K, int F, int KG, bool q8, float * xs,
-                              uint8_t * xq) {
+                              uint8_t * xq, bool wr, float * xs2 = nullptr, uint8_t * xq2 = nullptr) {
     const bool ok = f < F;
     float4 * p = mk_stage_xs(xs, m, KG, f);
     float4 v = ok ? *p : mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -921,13 +946,17 @@ MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, 
         v = mk_scale4(v, sc);
         if (ok) {
             *p = v;
+            if (xs2) {
+                *mk_stage_xs(xs2, m, KG, f) = v;
+            }
         }
-        if (x.nw_out && blockIdx.x == 0 && f < K/4) {
+        if (x.nw_out && wr && f < K/4) {
             ((float4 *) (x.nw_out + (size_t) (m0 + m)*K))[f] = v;
         }
     }
     if (q8) {
-        mk_q8_slot(v, f, ok, xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC);
+        const size_t r = (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;
+        mk_q8_slot(v, f, ok, xq + r, xq2 ? xq2 + r : nullptr);
     }
 }
 
@@ -978,19 +1007,25 @@ MK_DEVICE void mk_col_set(float (&v)[MC], int m, float x) {
 }
 
 // ss[m] (m < Mc <= MC) = the block's sum of every thread's ss[m], in a fixed order (warp butterflies, then the
-// warps in order), returned to every thread; red: MK_WARPS*MK_M floats not in use by another sum
+// warps in order), returned to every thread; red: MK_WARPS*MK_M floats not in use by another sum. own (MC <=
+// MK_MC_SMALL): only the columns m whose bit is set (the others' ss are left as they are)
 template <int MC>
-MK_DEVICE void mk_block_sums(float (&ss)[MC], int Mc, float * red) {
+MK_DEVICE void mk_block_sums(float (&ss)[MC], int Mc, float * red, unsigned own = ~0u) {
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     mk_cols<MC>(Mc, [&](int m) {
-        const float s = mk_warp_sum(ss[m]);
-        if (lane == 0) {
-            red[warp*MK_M + m] = s;
+        if (MC > MK_MC_SMALL || ((own >> m) & 1)) {
+            const float s = mk_warp_sum(ss[m]);
+            if (lane == 0) {
+                red[warp*MK_M + m] = s;
+            }
         }
     });
     __syncthreads();
     mk_cols<MC>(Mc, [&](int m) {
+        if (MC <= MK_MC_SMALL && !((own >> m) & 1)) {
+            return;
+        }
         float t = 0.0f;
         for (int w = 0; w < MK_WARPS; ++w) {
             t += red[w*MK_M + m];
@@ -1122,7 +1157,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int m = mb[b];
             float s = mk_col_get<MC>(ss, m);
             mk_stage_put(x, mk_stage_val(x, va[b], vb[b], vw[b], res && !gl ? mk_col_get<MC>(rh, m) : 0.0f), vn[b], s, m0, m,
-                         fb[b], F4, F, KG, direct, xs, xq);
+                         fb[b], F4, F, KG, direct, xs, xq, blockIdx.x == 0);
             if (x.nw) {
                 mk_col_set<MC>(ss, m, s);
             }
@@ -1148,7 +1183,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 #pragma unroll 1
         for (int i = 0; i < NI; ++i, mk_item_next(it, t, fe)) {
             const int m = MK_COL(it);
-            mk_stage_round(x, x.nw ? mk_col_get<MC>(ss, m) : 0.0f, m0, m, it.f, K, F, KG, q8, xs, xq);
+            mk_stage_round(x, x.nw ? mk_col_get<MC>(ss, m) : 0.0f, m0, m, it.f, K, F, KG, q8, xs, xq, blockIdx.x == 0);
         }
         __syncthreads();
         mk_prof_at(prof, MK_PH_ST_Q8);
@@ -1167,21 +1202,39 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
 // another call site of these functions cost the any-batch mat-vec registers, its steps of 5 ran ~10 % slower;
 // NOTES.md session 26.)
 // r[m] = 1/rms of columns m < Mc whose per-thread sums of squares of K values are ss[m] (block-wide, mk_block_sums;
-// r may be ss itself)
+// r may be ss itself; own: the columns taken, mk_block_sums)
 template <int MC>
-MK_DEVICE void mk_cols_rms(float (&ss)[MC], float (&r)[MC], int Mc, int K, float eps, float * red) {
-    mk_block_sums<MC>(ss, Mc, red);
+MK_DEVICE void mk_cols_rms(float (&ss)[MC], float (&r)[MC], int Mc, int K, float eps, float * red, unsigned own) {
+    mk_block_sums<MC>(ss, Mc, red, own);
     MK_UNROLL
     for (int m = 0; m < MC; ++m) {
         r[m] = 1.0f/sqrtf(ss[m]/K + eps);
     }
 }
 
+// In a launch as clusters of 2 blocks (mk_step_cl; mk_cluster_size() == 2), each block of the pair takes every other column of the
+// pass (column m: the block of rank m % 2), the whole of each column's arithmetic as above (the same bits), and stores
+// every final byte (staged values, 8-bit records) into its own and its partner's shared memory; the cluster barrier
+// at the end makes both halves whole in both blocks. The rows written for the host and the next residual step
+// (res_out, nw_out) come from the block of cluster 0 that staged the column. Measured: NOTES.md session 30
 template <int MC>
 MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                                 bool direct, unsigned long long * prof) {
     static_assert(MC <= MK_MC_SMALL, "the columns in registers");
     float * red = mk_stage_red();
+    const int cl = mk_cluster_size();
+    const int rk = cl > 1 ? mk_cluster_rank() : 0;
+    // the columns this block stages (a bit per column), and the partner's copies of the inputs
+    const unsigned own = cl > 1 ? (rk ? 0xAAAAu : 0x5555u) : ~0u;
+    float   * xs2 = cl > 1 && !direct ? mk_cluster_map(xs, rk ^ 1) : nullptr;
+    uint8_t * xq2 = cl > 1 ? mk_cluster_map(xq, rk ^ 1) : nullptr;
+    auto on = [&](int m) { return m < Mc && ((own >> m) & 1); };
+    if (cl > 2) {
+        MK_TRAP();   // (pairs only)
+    }
+    if (cl > 1 && m0 > 0) {
+        mk_cluster_sync();   // a later pass of the mat-vec: the partner is done with the inputs of the pass before
+    }
     const int  KG  = mk_kg(K);
     const int  F   = KG*8;                                  // slots per column, padding included
     const int  F4  = K/4;                                   // slots with values
@@ -1206,14 +1259,14 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
             float4 v[MC];
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
-                v[m] = m < Mc && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
+                v[m] = on(m) && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
             }
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
                 ss[m] = mk_sq4(v[m], ss[m]);
             }
         }
-        mk_cols_rms<MC>(ss, rh, Mc, K, eps, red);
+        mk_cols_rms<MC>(ss, rh, Mc, K, eps, red, own);
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
 
@@ -1228,7 +1281,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         float4 va[MC], vb[MC];
         MK_UNROLL
         for (int m = 0; m < MC; ++m) {   // every load of the round first
-            mk_stage_ld(x, (size_t) (m0 + m), f, m < Mc && okv, va[m], vb[m]);
+            mk_stage_ld(x, (size_t) (m0 + m), f, on(m) && okv, va[m], vb[m]);
         }
         const float4 vw = okv && res  ? ((const float4 *) x.res_nw)[f] : z4;
         const float4 vn = okv && x.nw ? ((const float4 *) x.nw)[f] : z4;
@@ -1237,7 +1290,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
             for (int m = 0; m < MC; ++m) {
                 ss[m] = mk_sq4(vb[m], ss[m]);
             }
-            mk_cols_rms<MC>(ss, rh, Mc, K, eps, red);
+            mk_cols_rms<MC>(ss, rh, Mc, K, eps, red, own);
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
                 ss[m] = 0.0f;
@@ -1246,19 +1299,23 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         }
         MK_UNROLL
         for (int m = 0; m < MC; ++m) {
-            if (m < Mc) {
+            if (on(m)) {
                 mk_stage_put(x, mk_stage_val(x, va[m], vb[m], vw, res && !gl ? rh[m] : 0.0f), vn, ss[m], m0, m, f, F4, F, KG,
-                             direct, xs, xq);
+                             direct, xs, xq, (int) blockIdx.x == m % cl, xs2, xq2);
             }
         }
     }
     mk_prof_at(prof, MK_PH_ST_LOAD);
     if (direct) {
-        __syncthreads();
+        if (cl > 1) {
+            mk_cluster_sync();   // (also the block's barrier)
+        } else {
+            __syncthreads();
+        }
         return;
     }
     if (x.nw) {
-        mk_cols_rms<MC>(ss, ss, Mc, K, eps, red + MK_WARPS*MK_M);
+        mk_cols_rms<MC>(ss, ss, Mc, K, eps, red + MK_WARPS*MK_M, own);
     } else {
         __syncthreads();
     }
@@ -1269,13 +1326,20 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         for (int j = 0; j < NJ; ++j) {
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
-                if (m < Mc) {
-                    mk_stage_round(x, ss[m], m0, m, t + j*MK_THREADS, K, F, KG, q8, xs, xq);
+                if (on(m)) {
+                    mk_stage_round(x, ss[m], m0, m, t + j*MK_THREADS, K, F, KG, q8, xs, xq, (int) blockIdx.x == m % cl, xs2,
+                                   xq2);
                 }
             }
         }
-        __syncthreads();
+        if (cl > 1) {
+            mk_cluster_sync();
+        } else {
+            __syncthreads();
+        }
         mk_prof_at(prof, MK_PH_ST_Q8);
+    } else if (cl > 1) {
+        mk_cluster_sync();
     }
 }
 

@@ -42,6 +42,8 @@ struct mk_cuda {
     int att_chunk = 8;
     int  flags = 0;            // the model's debug_flags (mk_step_chunks: GGML_MK_VAR_ALL_CHUNKS, _HALF_GROUPS)
     bool bulk = false;         // weight tiles by cp.async.bulk (sm_90+, not GGML_MK_VAR_CP_ASYNC)
+    bool cl_ok = false;        // the grid may run as clusters of 2 blocks (mk_step_cl: a small verify batch's staging
+                               // split over each pair): sm_90+, an even grid, every pair resident at once
     uint64_t launches = 0;     // the grid barrier's two counts alternate per launch
     int ncu_m = 0;             // LLAMA_MEGAKERNEL_NCU_M=M: only steps of M tokens inside the profiler's range (ncu
                                // --profile-from-start off: one verify launch, not the one-token steps before it)
@@ -249,6 +251,29 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     // fewer blocks (the kernel's loops stride by the grid): compute-sanitizer's racecheck of a whole grid is too slow
     if (const char * e = getenv("LLAMA_MEGAKERNEL_GRID"); e && atoi(e) > 0) {
         mk->grid = std::min(mk->grid, atoi(e));
+    }
+    // clusters of 2 blocks for small verify batches (the decode/verify kernel; not the fused draft's): only where the
+    // device holds the whole grid as pairs at once, since every block waits for every other at the grid barriers
+    if (!d && cc_major >= 9 && mk->grid % 2 == 0 && !(model->debug_flags & GGML_MK_VAR_NO_CLUSTER)) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim          = dim3(mk->grid);
+        cfg.blockDim         = dim3(MK_THREADS);
+        cfg.dynamicSmemBytes = mk->smem_bytes;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 2;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs    = at;
+        cfg.numAttrs = 1;
+        int n_cl = 0;
+        const cudaError_t e = cudaOccupancyMaxActiveClusters(&n_cl, mk->kernel, &cfg);
+        mk->cl_ok = e == cudaSuccess && 2*n_cl >= mk->grid;
+        if (!mk->cl_ok) {
+            (void) cudaGetLastError();
+            fprintf(stderr, "llama_mk: verify batches staged whole in every block, not split over pairs of blocks: the device "
+                    "holds %d clusters of 2 at once, the grid is %d blocks (%s)\n", n_cl, mk->grid, cudaGetErrorString(e));
+        }
     }
 
     MK_TRY(cudaStreamCreateWithFlags(&mk->stream, cudaStreamNonBlocking), "stream");
@@ -667,7 +692,36 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
         cudaProfilerStart();
     }
 #endif
-    cudaError_t e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
+    int cl = mk_step_cl(M, mk->flags, mk->grid, mk->cl_ok);
+    cudaError_t e = cudaSuccess;
+    if (cl > 1) {
+        // a cooperative launch (every block resident) in clusters of cl blocks
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim          = dim3(mk->grid);
+        cfg.blockDim         = dim3(MK_THREADS);
+        cfg.dynamicSmemBytes = mk->smem_bytes;
+        cfg.stream           = mk->stream;
+        cudaLaunchAttribute at[2];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = cl;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        at[1].id = cudaLaunchAttributeCooperative;
+        at[1].val.cooperative = 1;
+        cfg.attrs    = at;
+        cfg.numAttrs = 2;
+        e = cudaLaunchKernelExC(&cfg, mk->kernel, kargs);
+        if (e != cudaSuccess) {
+            (void) cudaGetLastError();
+            fprintf(stderr, "llama_mk: a launch in clusters of %d blocks failed (%s): verify batches are staged whole in "
+                    "every block from now on\n", cl, cudaGetErrorString(e));
+            mk->cl_ok = false;
+            cl = 1;
+        }
+    }
+    if (cl <= 1) {
+        e = cudaLaunchCooperativeKernel(mk->kernel, dim3(mk->grid), dim3(MK_THREADS), kargs, mk->smem_bytes, mk->stream);
+    }
 #if MK_PROFILER_RANGE
     if (ncu) {
         cudaProfilerStop();

@@ -208,7 +208,36 @@ static inline void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
     }
 }
 
-// run kernel(args) on n_blocks blocks of n_threads threads, all co-resident; false on a deadlock
+// thread block clusters (mk_args.cl): emu_launch's `cluster` consecutive blocks form one; the cluster barrier waits for
+// every thread of them; mk_cluster_map gives the same place in another block's dynamic shared memory (the kernel maps
+// only that region)
+inline unsigned emu_cluster = 1;
+inline std::vector<emu_block *> emu_blocks;
+inline std::vector<emu_bar> emu_cluster_bars;
+static inline int mk_cluster_size() { return (int) emu_cluster; }
+static inline int mk_cluster_rank() { return (int) (blockIdx.x % emu_cluster); }
+static inline void mk_cluster_sync() {
+    if (emu_cluster < 2) {
+        fprintf(stderr, "cuda_emu: cluster barrier in a launch without clusters (it traps on a GPU)\n");
+        abort();
+    }
+    emu_bar_wait(emu_cluster_bars[blockIdx.x / emu_cluster]);
+}
+template <typename T>
+static inline T * mk_cluster_map(T * p, int rank) {
+    char * c = (char *) p;
+    const std::vector<char> & d = emu_cur->dyn;
+    if (emu_cluster < 2 || rank < 0 || rank >= (int) emu_cluster || c < d.data() || c >= d.data() + d.size()) {
+        fprintf(stderr, "cuda_emu: mk_cluster_map(%p, rank %d) in block %u: cluster of %u, not in its dynamic shared memory\n",
+                (void *) p, rank, blockIdx.x, emu_cluster);
+        abort();
+    }
+    emu_block * o = emu_blocks[blockIdx.x/emu_cluster*emu_cluster + rank];
+    return (T *) (o->dyn.data() + (c - d.data()));
+}
+
+// run kernel(args) on n_blocks blocks of n_threads threads, all co-resident, in clusters of `cluster` blocks; false on a
+// deadlock
 inline void (*emu_entry_fn)(const void *);
 inline const void * emu_entry_args;
 
@@ -222,7 +251,7 @@ inline const void * emu_entry_args;
 
 template <typename A>
 bool emu_launch(void (*kernel)(const A), const A & args, unsigned n_blocks, unsigned n_threads, size_t dyn_bytes,
-                const char * name = "kernel") {
+                const char * name = "kernel", unsigned cluster = 1) {
     static void (*k)(const A);
     k = kernel;
     emu_entry_fn = [](const void * p) { k(*(const A *) p); };
@@ -247,6 +276,19 @@ bool emu_launch(void (*kernel)(const A), const A & args, unsigned n_blocks, unsi
             fibers.push_back(std::move(f));
         }
         blocks.push_back(std::move(blk));
+    }
+    if (cluster < 1 || n_blocks % cluster != 0) {
+        fprintf(stderr, "cuda_emu: %u blocks in clusters of %u\n", n_blocks, cluster);
+        abort();
+    }
+    emu_cluster = cluster;
+    emu_blocks.clear();
+    for (auto & b : blocks) {
+        emu_blocks.push_back(b.get());
+    }
+    emu_cluster_bars.assign(n_blocks/cluster, emu_bar());
+    for (auto & b : emu_cluster_bars) {
+        b.n = cluster*n_threads;
     }
     // skew: each pass leaves one random block out, so blocks drift apart as they may on a GPU and a
     // missing grid barrier shows up instead of hiding behind lock-step scheduling

@@ -5,6 +5,8 @@
 // slot) take the rounds of several slots, the pending residual's separate rms round and its one-round form; 1..4
 // columns. Every staged byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal
 // bitwise, and group g's record must sit where the mat-vec reads it (mk_rec_slot: its d from group g's staged values).
+// The same for mk_stage_cols split over a cluster of 2 blocks (a launch in clusters of 2: each block stages every other column into
+// both blocks' shared memory): both blocks' staged bytes and the rows written == mk_stage's.
 // Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
@@ -22,6 +24,7 @@
 struct stage_args {
     mk_xin x;
     int    K, Mc, cols;   // cols: mk_stage_cols, else mk_stage
+    int    cl;            // mk_stage_cols over a cluster of cl blocks
     bool   q8, direct;
     int    xs_bytes;
     float  eps;
@@ -40,7 +43,7 @@ static void stage_kernel(const stage_args a) {
     }
     __syncthreads();
     for (int i = threadIdx.x; i < a.out_bytes; i += MK_THREADS) {
-        a.out[i] = smem[i];
+        a.out[(size_t) blockIdx.x*a.out_bytes + i] = smem[i];
     }
 }
 
@@ -66,9 +69,10 @@ int main() {
                 const int lda = K + 8, ldb = K + 4;   // (row strides wider than K, multiples of 4)
                 std::vector<float> A = rnd((size_t) Mc*lda, 1.0f), Bv = rnd((size_t) Mc*ldb, 1.0f), H = rnd((size_t) Mc*lda, 3.0f);
                 std::vector<float> NW = rnd(K, 0.5f), RNW = rnd(K, 0.7f);
-                std::vector<float> outs[2][2];   // [run][res_out, nw_out]
-                std::vector<char> staged[2];
-                for (int run = 0; run < 2; ++run) {
+                // runs: 0 mk_stage, 1 mk_stage_cols, 2 mk_stage_cols over a cluster of 2 blocks
+                std::vector<float> outs[3][2];   // [run][res_out, nw_out]
+                std::vector<char> staged[3];     // (run 2: both blocks' regions, one after the other)
+                for (int run = 0; run < 3; ++run) {
                     outs[run][0].assign((size_t) Mc*lda, -7.0f);
                     outs[run][1].assign((size_t) Mc*K, -7.0f);
                     mk_xin x = {};
@@ -84,32 +88,39 @@ int main() {
                     x.nw = nw ? NW.data() : nullptr;
                     x.nw_out = nw ? outs[run][1].data() : nullptr;
                     stage_args a = {};
-                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run;
+                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run > 0; a.cl = run == 2 ? 2 : 1;
                     a.q8 = mode != 5; a.direct = mode == 2 || mode == 3 || mode == 4;
                     a.eps = 1e-6f;
                     a.xs_bytes = a.direct ? 0 : MK_MC_SMALL*KG*(int) MK_XS_GROUP;
                     const int xq_bytes = MK_MC_SMALL*KG*MK_XQ_REC;
                     a.out_bytes = a.direct ? xq_bytes : a.xs_bytes + xq_bytes;
-                    staged[run].assign(a.out_bytes, 0);
+                    staged[run].assign((size_t) a.cl*a.out_bytes, 0);
                     a.out = staged[run].data();
-                    if (!emu_launch(stage_kernel, a, 1, MK_THREADS, a.out_bytes, "stage_kernel")) {
+                    if (!emu_launch(stage_kernel, a, a.cl, MK_THREADS, a.out_bytes, "stage_kernel", a.cl)) {
                         printf("FAIL K=%d %s Mc=%d: deadlock\n", K, names[mode], Mc);
                         return 1;
                     }
                 }
                 // only the bytes the staging defines: the columns' values (xs, where the mat-vec reads them) and
                 // records; the shared memory's unused columns keep the poison of the emulation in both runs
-                bool same = true, placed = true;
+                bool same = true, placed = true, same_cl = true;
+                const size_t ob = staged[0].size();   // one block's region
                 for (int m = 0; m < Mc; ++m) {
                     const size_t xs0 = (size_t) m*KG*MK_XS_GROUP, xq0 = (size_t) m*KG*MK_XQ_REC;
                     const int xsb = mode == 4 || mode == 2 || mode == 3 ? 0 : KG*(int) MK_XS_GROUP;
                     for (int g = 0; g < KG && xsb; ++g) {   // 32 values of each 36-float group (4 floats of padding)
                         same = same && memcmp(&staged[0][xs0 + g*MK_XS_GROUP], &staged[1][xs0 + g*MK_XS_GROUP], 32*sizeof(float)) == 0;
+                        for (int b = 0; b < 2; ++b) {
+                            same_cl = same_cl && memcmp(&staged[0][xs0 + g*MK_XS_GROUP], &staged[2][b*ob + xs0 + g*MK_XS_GROUP], 32*sizeof(float)) == 0;
+                        }
                     }
                     if (mode != 5) {
                         const size_t q0 = (mode == 2 || mode == 3 || mode == 4 ? 0 : (size_t) MK_MC_SMALL*KG*MK_XS_GROUP) + xq0;
                         for (int g = 0; g < KG; ++g) {   // 32 quants, d, sum of q
                             same = same && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[1][q0 + g*MK_XQ_REC], 40) == 0;
+                            for (int b = 0; b < 2; ++b) {
+                                same_cl = same_cl && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[2][b*ob + q0 + g*MK_XQ_REC], 40) == 0;
+                            }
                         }
                         // where the mat-vec looks for group g's record (mk_rec_slot): the rounding of group g's staged
                         // values (d = max|x|/127), not of another group's
@@ -127,23 +138,28 @@ int main() {
                 }
                 same = same && memcmp(outs[0][0].data(), outs[1][0].data(), outs[0][0].size()*sizeof(float)) == 0;
                 same = same && memcmp(outs[0][1].data(), outs[1][1].data(), outs[0][1].size()*sizeof(float)) == 0;
+                same_cl = same_cl && memcmp(outs[0][0].data(), outs[2][0].data(), outs[0][0].size()*sizeof(float)) == 0;
+                same_cl = same_cl && memcmp(outs[0][1].data(), outs[2][1].data(), outs[0][1].size()*sizeof(float)) == 0;
                 // the staging wrote something: a run that left everything alone would compare equal too
                 size_t n_set = 0;   // bytes the staging changed from the emulation's poison (0x7f)
                 for (char c : staged[0]) n_set += c != 0x7f;
                 const bool wrote = n_set > staged[0].size()*Mc/(8*MK_MC_SMALL) && (!(mode == 1 || mode == 2 || mode == 5) || outs[0][0][0] != -7.0f) &&
                                    (!(mode == 0 || mode == 1 || mode == 5) || outs[0][1][0] != -7.0f);
                 ++cases;
-                if (!same || !wrote || !placed) {
+                if (!same || !wrote || !placed || !same_cl) {
                     ++fails;
                     printf("FAIL K=%d %s Mc=%d: %s\n", K, names[mode], Mc,
                            !wrote   ? "mk_stage_cols and mk_stage wrote nothing"
                          : !placed  ? "the staging put a group's 8-bit record where the mat-vec does not look for it (mk_rec_slot)"
-                                    : "mk_stage_cols differs bitwise from mk_stage");
+                         : !same    ? "mk_stage_cols differs bitwise from mk_stage"
+                                    : "mk_stage_cols over a cluster of 2 blocks differs bitwise from mk_stage (a block's "
+                                      "staged bytes or the rows written)");
                 }
             }
         }
     }
-    printf("%s staging slot by slot (mk_stage_cols) == mk_stage bitwise: %d of %d cases differ (K = 2560, 4096, 10240, "
-           "256, 2304; 6 modes; 1..%d columns)\n", fails ? "FAIL" : "OK", fails, cases, MK_MC_SMALL);
+    printf("%s staging slot by slot (mk_stage_cols, one block and a cluster of 2) == mk_stage bitwise: %d of %d cases "
+           "differ (K = 2560, 4096, 10240, 256, 2304; 6 modes; 1..%d columns)\n", fails ? "FAIL" : "OK", fails, cases,
+           MK_MC_SMALL);
     return fails ? 1 : 0;
 }
