@@ -177,10 +177,10 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x6000000": ["--variant", "0x6000000", "--vs-default"], "0x8000000": ["--variant", "0x8000000"],
             "wide-verify": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default"],
             "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"],
-            # a verify batch of 2..4 tokens staged over clusters of 2 blocks (the default on an even grid) against the
-            # staging whole in every block (0x10000000, GGML_MK_VAR_NO_CLUSTER); two clusters with a slow block
+            # a verify batch of 2..4 tokens staged over clusters of 2 blocks (0x10000000, GGML_MK_VAR_CLUSTER_STAGE, on an
+            # even grid) against the default's staging whole in every block; two clusters with a slow block
             "0x10000000": ["--verify", "2,3,4", "--variant", "0x10000000", "--vs-default"],
-            "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5"]}
+            "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5", "--variant", "0x10000000"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -199,11 +199,11 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     if "--vs-default" in args:
         n_steps = 18 + len(verify_m)   # (18 one-token steps, then the verify steps)
         assert re.search(rf"^OK variant 0x\w+ == default kernel bitwise .*: 0 of {n_steps} steps differ", r.stdout, re.M), r.stdout
-    # the verify steps of 2..4 tokens ran as clusters of 2 blocks wherever they should (mk_step_cl: an even grid, the
-    # default staging, not 0x10000000), and no other step did
+    # the verify steps of 2..4 tokens ran as clusters of 2 blocks wherever they should (mk_step_cl: 0x10000000, an even
+    # grid, the default staging: not 0x400000 / 0x800000), and no other step did
     blocks = int(args[args.index("--blocks") + 1]) if "--blocks" in args else 2
     var = int(args[args.index("--variant") + 1], 0) if "--variant" in args else 0
-    clustered = blocks % 2 == 0 and not var & (0x400000 | 0x800000 | 0x10000000)
+    clustered = blocks % 2 == 0 and var & 0x10000000 and not var & (0x400000 | 0x800000)
     n_cl = re.search(r"^steps staged over clusters of 2 blocks \(mk_step_cl\): (\d+)", r.stdout, re.M)
     assert n_cl and int(n_cl.group(1)) == (sum(2 <= m <= 4 for m in verify_m) if clustered else 0), r.stdout
     packed = re.search(r"^kernel: (\d+) of (\d+) mat-vec jobs in tiles of several rows \(up to (\d+)\)", r.stdout, re.M)
@@ -317,20 +317,21 @@ STAGE_PLANTED = {
     "rms_slots": ("v[m] = on(m) && f < F4 ? mk_ldcg4((const float4 *) (x.res_h",
                   "v[m] = on(m) && f < F4 && j == 0 ? mk_ldcg4((const float4 *) (x.res_h",
                   r"^FAIL K=(2560|4096|10240|2304) residual"),
-    "record_places": ("if (q8) {\n        const size_t r = (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;",
-                      "if (q8) {\n        const size_t r = (size_t) (m*KG + f/8)*MK_XQ_REC;",
+    "record_places": ("if (q8) {\n        uint8_t * rec = xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;",
+                      "if (q8) {\n        uint8_t * rec = xq + (size_t) (m*KG + f/8)*MK_XQ_REC;",
                       r"^FAIL K=\d+ .* where the mat-vec does not look for it"),
     # the staging split over a cluster of 2 blocks (mk_stage_cols with cl = 2, session 30): the partner's copy of the
     # 8-bit records' quants not written; of the norm-scaled values not written; the cluster barrier at the end a block
     # barrier only (the partner's stores may not have landed when the mat-vec reads them); the rows for the host and the
     # next residual step (res_out, nw_out) written by block 0 only (the odd columns, staged by block 1, never)
-    "cluster_records": ("((unsigned *) rec2)[f % 8] = w;", "(void) w;", r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
-    "cluster_values": ("            if (xs2) {\n                *mk_stage_xs(xs2, m, KG, f) = v;\n            }\n        }\n        if (x.nw_out",
+    "cluster_records": ("mk_cluster_st((unsigned *) rec + f % 8, mk_cluster_rank() ^ 1, w);", "(void) w;",
+                        r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
+    "cluster_values": ("            if (pair) {\n                mk_cluster_st(p, mk_cluster_rank() ^ 1, v);\n            }\n        }\n        if (x.nw_out",
                        "        }\n        if (x.nw_out", r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
-    "cluster_barrier": ("        if (cl > 1) {\n            mk_cluster_sync();\n        } else {\n            __syncthreads();\n        }\n"
+    "cluster_barrier": ("        if (pair) {\n            mk_cluster_sync();\n        } else {\n            __syncthreads();\n        }\n"
                         "        mk_prof_at(prof, MK_PH_ST_Q8);", "        __syncthreads();\n        mk_prof_at(prof, MK_PH_ST_Q8);",
                         r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
-    "cluster_rows": ("(int) blockIdx.x == m % cl, xs2, xq2);", "blockIdx.x == 0, xs2, xq2);",
+    "cluster_rows": ("direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);", "direct, xs, xq, blockIdx.x == 0, pair);",
                      r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
 }
 

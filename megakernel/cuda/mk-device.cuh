@@ -125,8 +125,9 @@ static __device__ __forceinline__ unsigned mk_ld_acquire(const unsigned * p) {
 // thread block clusters (sm_90+; the host launches a small verify batch's grid as clusters of 2 blocks, consecutive block
 // indices, mk_step_cl): the blocks in this block's cluster (1 in a launch without clusters), this block's rank in it,
 // the cluster barrier (every thread of every block of the cluster; release / acquire: the shared-memory stores made
-// before it into any block of the cluster are seen after it), and the generic address of shared variable p in block
-// `rank` of the cluster
+// before it into any block of the cluster are seen after it), and a store of v to the place of shared variable p in
+// block `rank` of the cluster (32-bit shared::cluster addresses: a 64-bit generic one costs the staging registers,
+// and its callers, mk_mv_run, spills)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define MK_CLUSTER_ASM(...) asm volatile(__VA_ARGS__)
 #else
@@ -145,11 +146,20 @@ static __device__ __forceinline__ int mk_cluster_rank() {
 static __device__ __forceinline__ void mk_cluster_sync() {
     MK_CLUSTER_ASM("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-template <typename T>
-static __device__ __forceinline__ T * mk_cluster_map(T * p, int rank) {
-    unsigned long long r = 0;
-    MK_CLUSTER_ASM("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
-    return (T *) r;
+static __device__ __forceinline__ unsigned mk_cluster_addr(const void * p, int rank) {
+    unsigned r = 0;
+    MK_CLUSTER_ASM("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"((unsigned) __cvta_generic_to_shared(p)), "r"(rank));
+    return r;
+}
+static __device__ __forceinline__ void mk_cluster_st(float4 * p, int rank, float4 v) {
+    MK_CLUSTER_ASM("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};"
+                   :: "r"(mk_cluster_addr(p, rank)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+static __device__ __forceinline__ void mk_cluster_st(unsigned * p, int rank, unsigned v) {
+    MK_CLUSTER_ASM("st.shared::cluster.u32 [%0], %1;" :: "r"(mk_cluster_addr(p, rank)), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void mk_cluster_st(float * p, int rank, float v) {
+    MK_CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" :: "r"(mk_cluster_addr(p, rank)), "f"(v) : "memory");
 }
 
 static __device__ __forceinline__ unsigned long long mk_clock_ns() {

@@ -196,11 +196,12 @@ struct mk_args {
     int bulk;       // 1: weight tiles through the bulk copy engine (sm_90+), 0: 16-byte cp.async per lane
 };
 
-// the cluster size a launch of M tokens runs with (the kernel reads it from the launch: mk_cluster_size): 2 for a small verify batch whose staging takes
-// mk_stage_cols (2..MK_MC_SMALL tokens, the default mat-vec flags), unless GGML_MK_VAR_NO_CLUSTER, on a device that
-// co-schedules the whole grid as pairs (can: sm_90+, every pair resident at once) of an even grid; else 1
+// the cluster size a launch of M tokens runs with (the kernel reads it from the launch: mk_cluster_size): with
+// GGML_MK_VAR_CLUSTER_STAGE (a candidate, off by default until measured), 2 for a small verify batch whose staging
+// takes mk_stage_cols (2..MK_MC_SMALL tokens, the default mat-vec flags) on a device that co-schedules the whole grid
+// as pairs (can: sm_90+, every pair resident at once) of an even grid; else 1
 MK_HOSTDEV int mk_step_cl(int M, int flags, int grid, bool can) {
-    const bool cols = !(flags & (GGML_MK_VAR_WIDE_M | GGML_MK_VAR_ITEM_STAGE | GGML_MK_VAR_NO_CLUSTER));
+    const bool cols = (flags & GGML_MK_VAR_CLUSTER_STAGE) && !(flags & (GGML_MK_VAR_WIDE_M | GGML_MK_VAR_ITEM_STAGE));
     return can && cols && M >= 2 && M <= MK_MC_SMALL && grid % 2 == 0 ? 2 : 1;
 }
 
@@ -870,8 +871,8 @@ MK_DEVICE float4 * mk_stage_xs(float * xs, int m, int KG, int f) {
 // the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
 // q = round(x*(1/d)): one division per slot, not four); the group's 8 slots are on 8 consecutive lanes, and every
 // lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles);
-// rec2: the same record also there (a cluster partner's copy), or nullptr
-MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, uint8_t * rec2 = nullptr) {
+// pair: the same record also into the cluster partner's inputs (mk_stage_cols)
+MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, bool pair = false) {
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     MK_UNROLL
     for (int o = 1; o < 8; o <<= 1) {
@@ -893,15 +894,15 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, uint8
         const unsigned w = (unsigned) (q[0] & 0xff) | (unsigned) (q[1] & 0xff) << 8 |
                            (unsigned) (q[2] & 0xff) << 16 | (unsigned) (q[3] & 0xff) << 24;
         ((unsigned *) rec)[f % 8] = w;
-        if (rec2) {
-            ((unsigned *) rec2)[f % 8] = w;
+        if (pair) {
+            mk_cluster_st((unsigned *) rec + f % 8, mk_cluster_rank() ^ 1, w);
         }
         if (f % 8 == 0) {
             ((float *) (rec + 32))[0] = d;
             ((float *) (rec + 32))[1] = sq;
-            if (rec2) {
-                ((float *) (rec2 + 32))[0] = d;
-                ((float *) (rec2 + 32))[1] = sq;
+            if (pair) {
+                mk_cluster_st((float *) (rec + 32), mk_cluster_rank() ^ 1, d);
+                mk_cluster_st((float *) (rec + 32) + 1, mk_cluster_rank() ^ 1, sq);
             }
         }
     }
@@ -910,11 +911,11 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, uint8
 // the rest of a staging item of column m (of the pass at m0), slot f, with its value v: the new residual row (wr: this
 // block writes column m's rows; block 0 without clusters), the norm's sum of squares ss and vector slot vn, then the
 // 8-bit record (direct: every lane of the warp comes here) or the staged value. F4, F: the slots with values, with
-// padding. xs2, xq2: a cluster partner's inputs (or nullptr), which get every final value too (the staged value
-// only if no norm scales it later, mk_stage_round)
+// padding. pair: the launch runs as clusters of 2 blocks (mk_stage_cols): the partner's inputs get every final value
+// too (the staged value only if no norm scales it later, mk_stage_round); its addresses are made at each store (no
+// registers held across the staging: mk_mv_run's registers around the call stay as they are)
 MK_DEVICE void mk_stage_put(const mk_xin & x, float4 v, const float4 & vn, float & ss, int m0, int m, int f, int F4, int F,
-                            int KG, bool direct, float * xs, uint8_t * xq, bool wr, float * xs2 = nullptr,
-                            uint8_t * xq2 = nullptr) {
+                            int KG, bool direct, float * xs, uint8_t * xq, bool wr, bool pair = false) {
     const bool ok = f < F;   // (zeros past K; a lane past F still runs the shuffles of the direct rounding)
     if (x.res_h != nullptr && x.mode != MK_X_GEGLU && wr && f < F4) {
         ((float4 *) (x.res_out + (size_t) (m0 + m)*x.lda))[f] = v;
@@ -924,21 +925,22 @@ MK_DEVICE void mk_stage_put(const mk_xin & x, float4 v, const float4 & vn, float
         v = mk_mul4(v, vn);
     }
     if (direct) {
-        const size_t r = (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;
-        mk_q8_slot(v, f, ok, xq + r, xq2 ? xq2 + r : nullptr);
+        uint8_t * rec = xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;
+        mk_q8_slot(v, f, ok, rec, pair);
     } else if (ok) {
-        *mk_stage_xs(xs, m, KG, f) = v;
-        if (xs2 && !x.nw) {
-            *mk_stage_xs(xs2, m, KG, f) = v;
+        float4 * p = mk_stage_xs(xs, m, KG, f);
+        *p = v;
+        if (pair && !x.nw) {
+            mk_cluster_st(p, mk_cluster_rank() ^ 1, v);
         }
     }
 }
 
 // the second round of a staging item: its staged value scaled by the norm's 1/rms sc (the block that writes column m's
-// rows, wr, also writes it to nw_out), then rounded to 8 bits (q8: every lane of the warp comes here); xs2, xq2 as in
+// rows, wr, also writes it to nw_out), then rounded to 8 bits (q8: every lane of the warp comes here); pair as in
 // mk_stage_put
 MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, int K, int F, int KG, bool q8, float * xs,
-                              uint8_t * xq, bool wr, float * xs2 = nullptr, uint8_t * xq2 = nullptr) {
+                              uint8_t * xq, bool wr, bool pair = false) {
     const bool ok = f < F;
     float4 * p = mk_stage_xs(xs, m, KG, f);
     float4 v = ok ? *p : mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -946,8 +948,8 @@ MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, 
         v = mk_scale4(v, sc);
         if (ok) {
             *p = v;
-            if (xs2) {
-                *mk_stage_xs(xs2, m, KG, f) = v;
+            if (pair) {
+                mk_cluster_st(p, mk_cluster_rank() ^ 1, v);
             }
         }
         if (x.nw_out && wr && f < K/4) {
@@ -955,8 +957,8 @@ MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, 
         }
     }
     if (q8) {
-        const size_t r = (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;
-        mk_q8_slot(v, f, ok, xq + r, xq2 ? xq2 + r : nullptr);
+        uint8_t * rec = xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;
+        mk_q8_slot(v, f, ok, rec, pair);
     }
 }
 
@@ -1212,7 +1214,7 @@ MK_DEVICE void mk_cols_rms(float (&ss)[MC], float (&r)[MC], int Mc, int K, float
     }
 }
 
-// In a launch as clusters of 2 blocks (mk_step_cl; mk_cluster_size() == 2), each block of the pair takes every other column of the
+// In a launch as clusters of 2 blocks (mk_step_cl, GGML_MK_VAR_CLUSTER_STAGE; mk_cluster_size() == 2), each block of the pair takes every other column of the
 // pass (column m: the block of rank m % 2), the whole of each column's arithmetic as above (the same bits), and stores
 // every final byte (staged values, 8-bit records) into its own and its partner's shared memory; the cluster barrier
 // at the end makes both halves whole in both blocks. The rows written for the host and the next residual step
@@ -1222,17 +1224,11 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
                                 bool direct, unsigned long long * prof) {
     static_assert(MC <= MK_MC_SMALL, "the columns in registers");
     float * red = mk_stage_red();
-    const int cl = mk_cluster_size();
-    const int rk = cl > 1 ? mk_cluster_rank() : 0;
-    // the columns this block stages (a bit per column), and the partner's copies of the inputs
-    const unsigned own = cl > 1 ? (rk ? 0xAAAAu : 0x5555u) : ~0u;
-    float   * xs2 = cl > 1 && !direct ? mk_cluster_map(xs, rk ^ 1) : nullptr;
-    uint8_t * xq2 = cl > 1 ? mk_cluster_map(xq, rk ^ 1) : nullptr;
-    auto on = [&](int m) { return m < Mc && ((own >> m) & 1); };
-    if (cl > 2) {
-        MK_TRAP();   // (pairs only)
-    }
-    if (cl > 1 && m0 > 0) {
+    const bool pair = mk_cluster_size() > 1;   // (of 2: mk_step_cl)
+    // the columns this block stages: a bit per column (the rank is read where it is needed: nothing held in registers)
+    auto own = [&]() { return pair ? (mk_cluster_rank() ? 0xAAAAu : 0x5555u) : ~0u; };
+    auto on  = [&](int m) { return m < Mc && (!pair || (m & 1) == mk_cluster_rank()); };
+    if (pair && m0 > 0) {
         mk_cluster_sync();   // a later pass of the mat-vec: the partner is done with the inputs of the pass before
     }
     const int  KG  = mk_kg(K);
@@ -1266,7 +1262,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
                 ss[m] = mk_sq4(v[m], ss[m]);
             }
         }
-        mk_cols_rms<MC>(ss, rh, Mc, K, eps, red, own);
+        mk_cols_rms<MC>(ss, rh, Mc, K, eps, red, own());
         mk_prof_at(prof, MK_PH_ST_RMS);
     }
 
@@ -1290,7 +1286,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
             for (int m = 0; m < MC; ++m) {
                 ss[m] = mk_sq4(vb[m], ss[m]);
             }
-            mk_cols_rms<MC>(ss, rh, Mc, K, eps, red, own);
+            mk_cols_rms<MC>(ss, rh, Mc, K, eps, red, own());
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
                 ss[m] = 0.0f;
@@ -1301,13 +1297,13 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         for (int m = 0; m < MC; ++m) {
             if (on(m)) {
                 mk_stage_put(x, mk_stage_val(x, va[m], vb[m], vw, res && !gl ? rh[m] : 0.0f), vn, ss[m], m0, m, f, F4, F, KG,
-                             direct, xs, xq, (int) blockIdx.x == m % cl, xs2, xq2);
+                             direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);
             }
         }
     }
     mk_prof_at(prof, MK_PH_ST_LOAD);
     if (direct) {
-        if (cl > 1) {
+        if (pair) {
             mk_cluster_sync();   // (also the block's barrier)
         } else {
             __syncthreads();
@@ -1315,7 +1311,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         return;
     }
     if (x.nw) {
-        mk_cols_rms<MC>(ss, ss, Mc, K, eps, red + MK_WARPS*MK_M, own);
+        mk_cols_rms<MC>(ss, ss, Mc, K, eps, red + MK_WARPS*MK_M, own());
     } else {
         __syncthreads();
     }
@@ -1327,18 +1323,18 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
             MK_UNROLL
             for (int m = 0; m < MC; ++m) {
                 if (on(m)) {
-                    mk_stage_round(x, ss[m], m0, m, t + j*MK_THREADS, K, F, KG, q8, xs, xq, (int) blockIdx.x == m % cl, xs2,
-                                   xq2);
+                    mk_stage_round(x, ss[m], m0, m, t + j*MK_THREADS, K, F, KG, q8, xs, xq,
+                                   (int) blockIdx.x == (pair ? (m & 1) : 0), pair);
                 }
             }
         }
-        if (cl > 1) {
+        if (pair) {
             mk_cluster_sync();
         } else {
             __syncthreads();
         }
         mk_prof_at(prof, MK_PH_ST_Q8);
-    } else if (cl > 1) {
+    } else if (pair) {
         mk_cluster_sync();
     }
 }

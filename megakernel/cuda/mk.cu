@@ -252,9 +252,10 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     if (const char * e = getenv("LLAMA_MEGAKERNEL_GRID"); e && atoi(e) > 0) {
         mk->grid = std::min(mk->grid, atoi(e));
     }
-    // clusters of 2 blocks for small verify batches (the decode/verify kernel; not the fused draft's): only where the
-    // device holds the whole grid as pairs at once, since every block waits for every other at the grid barriers
-    if (!d && cc_major >= 9 && mk->grid % 2 == 0 && !(model->debug_flags & GGML_MK_VAR_NO_CLUSTER)) {
+    // clusters of 2 blocks for small verify batches (GGML_MK_VAR_CLUSTER_STAGE; the decode/verify kernel, not the fused
+    // draft's): only where the device holds the whole grid as pairs at once, since every block waits for every other at
+    // the grid barriers
+    if (!d && cc_major >= 9 && mk->grid % 2 == 0 && (model->debug_flags & GGML_MK_VAR_CLUSTER_STAGE)) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim          = dim3(mk->grid);
         cfg.blockDim         = dim3(MK_THREADS);
@@ -273,6 +274,9 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
             (void) cudaGetLastError();
             fprintf(stderr, "llama_mk: verify batches staged whole in every block, not split over pairs of blocks: the device "
                     "holds %d clusters of 2 at once, the grid is %d blocks (%s)\n", n_cl, mk->grid, cudaGetErrorString(e));
+        } else {
+            fprintf(stderr, "llama_mk: verify batches of 2..%d tokens staged over clusters of 2 blocks (%d clusters)\n",
+                    MK_MC_SMALL, mk->grid/2);
         }
     }
 

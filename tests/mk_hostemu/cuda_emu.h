@@ -209,8 +209,8 @@ static inline void mk_mbar_wait(unsigned long long * bar, unsigned parity) {
 }
 
 // thread block clusters (mk_args.cl): emu_launch's `cluster` consecutive blocks form one; the cluster barrier waits for
-// every thread of them; mk_cluster_map gives the same place in another block's dynamic shared memory (the kernel maps
-// only that region)
+// every thread of them; mk_cluster_st stores to the same place in another block's dynamic shared memory (the kernel
+// stores only into that region)
 inline unsigned emu_cluster = 1;
 inline std::vector<emu_block *> emu_blocks;
 inline std::vector<emu_bar> emu_cluster_bars;
@@ -224,17 +224,19 @@ static inline void mk_cluster_sync() {
     emu_bar_wait(emu_cluster_bars[blockIdx.x / emu_cluster]);
 }
 template <typename T>
-static inline T * mk_cluster_map(T * p, int rank) {
+static inline T * emu_cluster_map(T * p, int rank) {
     char * c = (char *) p;
     const std::vector<char> & d = emu_cur->dyn;
     if (emu_cluster < 2 || rank < 0 || rank >= (int) emu_cluster || c < d.data() || c >= d.data() + d.size()) {
-        fprintf(stderr, "cuda_emu: mk_cluster_map(%p, rank %d) in block %u: cluster of %u, not in its dynamic shared memory\n",
+        fprintf(stderr, "cuda_emu: mk_cluster_st(%p, rank %d) in block %u: cluster of %u, not in its dynamic shared memory\n",
                 (void *) p, rank, blockIdx.x, emu_cluster);
         abort();
     }
     emu_block * o = emu_blocks[blockIdx.x/emu_cluster*emu_cluster + rank];
     return (T *) (o->dyn.data() + (c - d.data()));
 }
+template <typename T>
+static inline void mk_cluster_st(T * p, int rank, T v) { *emu_cluster_map(p, rank) = v; }
 
 // run kernel(args) on n_blocks blocks of n_threads threads, all co-resident, in clusters of `cluster` blocks; false on a
 // deadlock
