@@ -179,7 +179,7 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"],
             # a verify batch of 2..4 tokens staged over clusters of 2 blocks (0x10000000, GGML_MK_VAR_CLUSTER_STAGE, on an
             # even grid) against the default's staging whole in every block; two clusters with a slow block
-            "0x10000000": ["--verify", "2,3,4", "--variant", "0x10000000", "--vs-default"],
+            "0x10000000": ["--verify", "2,3,4,5,8", "--variant", "0x10000000", "--vs-default"],
             "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5", "--variant", "0x10000000"]}
 
 
@@ -199,13 +199,14 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     if "--vs-default" in args:
         n_steps = 18 + len(verify_m)   # (18 one-token steps, then the verify steps)
         assert re.search(rf"^OK variant 0x\w+ == default kernel bitwise .*: 0 of {n_steps} steps differ", r.stdout, re.M), r.stdout
-    # the verify steps of 2..4 tokens ran as clusters of 2 blocks wherever they should (mk_step_cl: 0x10000000, an even
-    # grid, the default staging: not 0x400000 / 0x800000), and no other step did
+    # the verify steps ran as clusters of 2 blocks wherever they should (mk_step_cl: 0x10000000, an even grid, a staging
+    # that splits: not steps of 2..4 tokens under 0x800000 without 0x400000), and no other step did
     blocks = int(args[args.index("--blocks") + 1]) if "--blocks" in args else 2
     var = int(args[args.index("--variant") + 1], 0) if "--variant" in args else 0
-    clustered = blocks % 2 == 0 and var & 0x10000000 and not var & (0x400000 | 0x800000)
+    item = bool(var & 0x800000) and not var & 0x400000
+    want = sum(m >= 2 and not (m <= 4 and item) for m in verify_m) if blocks % 2 == 0 and var & 0x10000000 else 0
     n_cl = re.search(r"^steps staged over clusters of 2 blocks \(mk_step_cl\): (\d+)", r.stdout, re.M)
-    assert n_cl and int(n_cl.group(1)) == (sum(2 <= m <= 4 for m in verify_m) if clustered else 0), r.stdout
+    assert n_cl and int(n_cl.group(1)) == want, r.stdout
     packed = re.search(r"^kernel: (\d+) of (\d+) mat-vec jobs in tiles of several rows \(up to (\d+)\)", r.stdout, re.M)
     assert packed, r.stdout
     if variant == "0x10000":
@@ -287,24 +288,25 @@ def test_cuda_kernel_on_host_cluster_pass_barrier_planted_bug_fails(tmp_path, cp
     """a verify step whose mat-vecs run in passes of 2 columns (the emulation's small shared memory) as clusters of 2
     blocks: without the cluster barrier at a later pass's staging, a block writes the next pass's inputs into its
     partner's shared memory while the partner still reads the pass before; the "clusters-slow" schedule must catch it"""
-    exe = _mutated_kernel_emu(tmp_path, cpu_build,
-                              "mk_cluster_sync();   // a later pass of the mat-vec: the partner is done with the inputs of the pass before",
-                              "/* planted: no cluster barrier */")
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, "    if (pair && m0 > 0) {\n        mk_cluster_sync();",
+                              "    if (false) {\n        mk_cluster_sync();")
     r = subprocess.run([str(exe), *EMU_RUNS["clusters-slow"]], capture_output=True, text=True, timeout=900)
-    assert r.returncode != 0 and re.search(r"^FAIL verify M=[34]", r.stdout, re.M), \
+    assert r.returncode != 0 and re.search(r"^FAIL verify M=[345]", r.stdout, re.M), \
         f"a missing cluster barrier between passes went unnoticed:\n{r.stdout[-3000:]}"
 
 
 @pytest.mark.parametrize("sb", [2, 3])
 def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cpu_build, sb):
-    """mk_stage_cols (the default for 2..4 columns), in one block and split over a cluster of 2 blocks, against mk_stage
+    """mk_stage_cols (the default for 2..4 columns), in one block and split over a cluster of 2 blocks, and the any-batch
+    mk_stage<MK_M> split over a cluster of 2 blocks, against mk_stage
     (GGML_MK_VAR_ITEM_STAGE) at K = 2560, 4096, 10240 (several slots per thread: the separate rms round, rounds of several
     slots), 256 and 2304 (threads without a slot), every staging mode, 1..4 columns; MK_SB 2 (the GPU's) and 3: every
     staged byte (in both blocks of the cluster) and row equal"""
     exe = _build_kernel_emu(tmp_path / "mk_stage_emu", cpu_build, source=STAGE_EMU, sb=sb)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(r.stdout[-2000:])
-    assert r.returncode == 0 and re.search(r"^OK staging slot by slot \(mk_stage_cols, one block and a cluster of 2\) .*: 0 of 120 cases differ", r.stdout, re.M), \
+    assert r.returncode == 0 and re.search(r"^OK staging slot by slot \(mk_stage_cols, one block and a cluster of 2\) and the any-batch "
+                                           r"staging over a cluster of 2 == mk_stage bitwise: 0 of 120 cases differ", r.stdout, re.M), \
         r.stdout[-3000:] + r.stderr[-2000:]
 
 
@@ -328,11 +330,18 @@ STAGE_PLANTED = {
                         r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
     "cluster_values": ("            if (pair) {\n                mk_cluster_st(p, mk_cluster_rank() ^ 1, v);\n            }\n        }\n        if (x.nw_out",
                        "        }\n        if (x.nw_out", r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
-    "cluster_barrier": ("        if (pair) {\n            mk_cluster_sync();\n        } else {\n            __syncthreads();\n        }\n"
-                        "        mk_prof_at(prof, MK_PH_ST_Q8);", "        __syncthreads();\n        mk_prof_at(prof, MK_PH_ST_Q8);",
+    "cluster_barrier": ("        mk_cluster_sync();   // (also the block's barrier)", "        __syncthreads();",
                         r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
-    "cluster_rows": ("direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);", "direct, xs, xq, blockIdx.x == 0, pair);",
+    "cluster_rows": ("F4, F, KG,\n                             direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);",
+                     "F4, F, KG,\n                             direct, xs, xq, blockIdx.x == 0, pair);",
                      r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
+    # the any-batch staging (mk_stage<MK_M>) over a pair: the partner not given the values / records its put makes; both
+    # blocks taking the even columns (the odd ones staged by neither)
+    "any_batch_partner": ("fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);",
+                          "fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), false);",
+                          r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
+    "any_batch_columns": ("const int  c0   = pair ? mk_cluster_rank() : 0;", "const int  c0   = 0;",
+                          r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
 }
 
 

@@ -3,7 +3,7 @@
 # For the next session's first call (cold):
 #   run(command="bash bench/megakernel-h200-2026-12-05/s30-callB.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"],
 #       timeout_s=600)
-# A verify batch of 2..4 tokens staged over clusters of 2 blocks (GGML_MK_VAR_CLUSTER_STAGE 0x10000000, the candidate,
+# A verify batch (2..8 tokens) staged over clusters of 2 blocks (GGML_MK_VAR_CLUSTER_STAGE 0x10000000, the candidate,
 # off by default) against the default (every block stages every column) on the E4B-shaped MTP pair's target (Q4_0):
 # 1. test-mk checks + verify cost, processes in the order default, candidate, candidate, default (the candidate's
 #    processes: verify == decode bitwise M = 2..8 with the clustered launches; a line "llama_mk: ... clusters" would say

@@ -197,12 +197,13 @@ struct mk_args {
 };
 
 // the cluster size a launch of M tokens runs with (the kernel reads it from the launch: mk_cluster_size): with
-// GGML_MK_VAR_CLUSTER_STAGE (a candidate, off by default until measured), 2 for a small verify batch whose staging
-// takes mk_stage_cols (2..MK_MC_SMALL tokens, the default mat-vec flags) on a device that co-schedules the whole grid
-// as pairs (can: sm_90+, every pair resident at once) of an even grid; else 1
+// GGML_MK_VAR_CLUSTER_STAGE (a candidate, off by default until measured), 2 for a verify batch whose staging splits over
+// a pair of blocks (mk_stage_cols for 2..MK_MC_SMALL tokens, the any-batch mk_stage for more or under
+// GGML_MK_VAR_WIDE_M; not the item-by-item mk_stage<MK_MC_SMALL> of GGML_MK_VAR_ITEM_STAGE) on a device that
+// co-schedules the whole grid as pairs (can: sm_90+, every pair resident at once) of an even grid; else 1
 MK_HOSTDEV int mk_step_cl(int M, int flags, int grid, bool can) {
-    const bool cols = (flags & GGML_MK_VAR_CLUSTER_STAGE) && !(flags & (GGML_MK_VAR_WIDE_M | GGML_MK_VAR_ITEM_STAGE));
-    return can && cols && M >= 2 && M <= MK_MC_SMALL && grid % 2 == 0 ? 2 : 1;
+    const bool item = M <= MK_MC_SMALL && (flags & GGML_MK_VAR_ITEM_STAGE) && !(flags & GGML_MK_VAR_WIDE_M);
+    return can && (flags & GGML_MK_VAR_CLUSTER_STAGE) && !item && M >= 2 && grid % 2 == 0 ? 2 : 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1044,11 +1045,11 @@ struct mk_item {
     int f;   // slot
 };
 
-MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_THREADS
+MK_DEVICE void mk_item_next(mk_item & it, int t, int fe, int cs = 1) {   // fe = t + NJ*MK_THREADS; cs: column step
     it.f += MK_THREADS;
     if (it.f >= fe) {
         it.f = t;
-        ++it.m;
+        it.m += cs;
     }
 }
 
@@ -1062,7 +1063,34 @@ MK_DEVICE void mk_item_next(mk_item & it, int t, int fe) {   // fe = t + NJ*MK_T
 // one-token steps; MK_MC_SMALL: small verify batches, both with the per-column values in registers; MK_M: any
 // batch); a column's arithmetic is the same in all. MK_SB: the items per thread whose loads are in flight at once in the
 // pending residual's rms round and in the values' round (other batches of the same items in the same order would give
-// the same sums, the same bits).
+// the same sums, the same bits). In a launch as clusters of 2 blocks (GGML_MK_VAR_CLUSTER_STAGE: mk_step_cl), the
+// any-batch code (MC > MK_MC_SMALL) stages only the columns of its rank's parity, into both blocks' shared memory, as
+// mk_stage_cols does for small batches.
+// the fused draft kernel's launches are never clustered (mk_step_cl is the decode/verify launch's): its module
+// (GGML_MK_DRAFT_KERNEL) leaves the split stagings out, so that its code stays that of the unclustered staging
+#ifdef GGML_MK_DRAFT_KERNEL
+#define MK_CLUSTERS 0
+#else
+#define MK_CLUSTERS 1
+#endif
+
+// a staging split over a pair of blocks (pair: a launch in clusters of 2, mk_stage_cols and the any-batch mk_stage):
+// a later pass of a mat-vec first waits for the partner to be done with the inputs of the pass before (the staging
+// writes into its shared memory too); the end of a staging is a cluster barrier, after which both halves are in both
+// blocks (else the block's barrier)
+MK_DEVICE void mk_stage_pass(bool pair, int m0) {
+    if (pair && m0 > 0) {
+        mk_cluster_sync();
+    }
+}
+MK_DEVICE void mk_stage_end(bool pair) {
+    if (pair) {
+        mk_cluster_sync();   // (also the block's barrier)
+    } else {
+        __syncthreads();
+    }
+}
+
 // the block sums' scratch of mk_stage: one array for all its instances (a static array in each would be one more block
 // of static shared memory per instance, held by every block of the launch and taken from the dynamic region; session
 // 20 measured the one array against one per instance: no difference in speed, A/B)
@@ -1079,7 +1107,11 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const int  F   = KG*8;                                  // slots per column, padding included
     const int  F4  = K/4;                                   // slots with values
     const int  NJ  = (F + MK_THREADS - 1)/MK_THREADS;      // slots per thread per column
-    const int  NI  = Mc*NJ;
+    // a pair of blocks (the any-batch code only): this block's columns are c0, c0 + 2, ... (its rank's parity)
+    const bool pair = MK_CLUSTERS && MC > MK_MC_SMALL && mk_cluster_size() > 1;
+    const int  c0   = pair ? mk_cluster_rank() : 0;
+    const int  cs   = pair ? 2 : 1;
+    const int  NI  = (Mc - c0 + cs - 1)/cs*NJ;             // this block's items
     const int  t   = threadIdx.x;
     const bool res = x.res_h != nullptr;
     const bool gl  = x.mode == MK_X_GEGLU;
@@ -1088,13 +1120,14 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     float rh[MC];
 #define MK_COL(it) (MC == 1 ? 0 : (it).m)   // an item's column (a one-column pass: 0)
     const int  fe  = t + NJ*MK_THREADS;                     // (mk_item_next)
+    mk_stage_pass(pair, m0);
     // every item in one batch (a one-token step's column): the pending residual's rms is taken from the batch's
     // loads below (the same values and sums in the same order as this separate round of loads)
     const bool one = NI <= MK_SB;
 
     if (res && !one) {
         mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
-        mk_item it = { 0, t };
+        mk_item it = { c0, t };
 #pragma unroll 1
         for (int i0 = 0; i0 < NI; i0 += MK_SB) {
             float4 v[MK_SB];
@@ -1103,7 +1136,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             for (int b = 0; b < MK_SB; ++b) {
                 mb[b] = MK_COL(it);
                 v[b] = i0 + b < NI && it.f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + mb[b])*x.lda) + it.f) : z4;
-                mk_item_next(it, t, fe);
+                mk_item_next(it, t, fe, cs);
             }
             MK_UNROLL
             for (int b = 0; b < MK_SB; ++b) {
@@ -1118,7 +1151,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     }
 
     mk_cols<MC>(Mc, [&](int m) { ss[m] = 0.0f; });
-    mk_item it = { 0, t };
+    mk_item it = { c0, t };
 #pragma unroll 1
     for (int i0 = 0; i0 < NI; i0 += MK_SB) {
         float4 va[MK_SB], vb[MK_SB], vw[MK_SB], vn[MK_SB];
@@ -1129,7 +1162,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int f = it.f;
             mb[b] = MK_COL(it);
             fb[b] = f;
-            mk_item_next(it, t, fe);
+            mk_item_next(it, t, fe, cs);
             const bool ok = i < NI && f < F4;
             mk_stage_ld(x, (size_t) (m0 + mb[b]), f, ok, va[b], vb[b]);
             vw[b] = ok && res  ? ((const float4 *) x.res_nw)[f] : z4;
@@ -1159,7 +1192,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int m = mb[b];
             float s = mk_col_get<MC>(ss, m);
             mk_stage_put(x, mk_stage_val(x, va[b], vb[b], vw[b], res && !gl ? mk_col_get<MC>(rh, m) : 0.0f), vn[b], s, m0, m,
-                         fb[b], F4, F, KG, direct, xs, xq, blockIdx.x == 0);
+                         fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);
             if (x.nw) {
                 mk_col_set<MC>(ss, m, s);
             }
@@ -1167,7 +1200,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     }
     mk_prof_at(prof, MK_PH_ST_LOAD);
     if (direct) {
-        __syncthreads();
+        mk_stage_end(pair);
         return;
     }
     if (x.nw) {
@@ -1181,14 +1214,17 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     // the norm's scale, and the 8-bit rounding of each 32-value group (8 consecutive lanes hold one group;
     // every lane of a warp runs the shuffles)
     if (x.nw || q8) {
-        mk_item it = { 0, t };
+        mk_item it = { c0, t };
 #pragma unroll 1
-        for (int i = 0; i < NI; ++i, mk_item_next(it, t, fe)) {
+        for (int i = 0; i < NI; ++i, mk_item_next(it, t, fe, cs)) {
             const int m = MK_COL(it);
-            mk_stage_round(x, x.nw ? mk_col_get<MC>(ss, m) : 0.0f, m0, m, it.f, K, F, KG, q8, xs, xq, blockIdx.x == 0);
+            mk_stage_round(x, x.nw ? mk_col_get<MC>(ss, m) : 0.0f, m0, m, it.f, K, F, KG, q8, xs, xq,
+                           (int) blockIdx.x == (pair ? (m & 1) : 0), pair);
         }
-        __syncthreads();
+        mk_stage_end(pair);
         mk_prof_at(prof, MK_PH_ST_Q8);
+    } else if (pair) {
+        mk_cluster_sync();
     }
 #undef MK_COL
 }
@@ -1224,13 +1260,11 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
                                 bool direct, unsigned long long * prof) {
     static_assert(MC <= MK_MC_SMALL, "the columns in registers");
     float * red = mk_stage_red();
-    const bool pair = mk_cluster_size() > 1;   // (of 2: mk_step_cl)
+    const bool pair = MK_CLUSTERS && mk_cluster_size() > 1;   // (of 2: mk_step_cl)
     // the columns this block stages: a bit per column (the rank is read where it is needed: nothing held in registers)
     auto own = [&]() { return pair ? (mk_cluster_rank() ? 0xAAAAu : 0x5555u) : ~0u; };
     auto on  = [&](int m) { return m < Mc && (!pair || (m & 1) == mk_cluster_rank()); };
-    if (pair && m0 > 0) {
-        mk_cluster_sync();   // a later pass of the mat-vec: the partner is done with the inputs of the pass before
-    }
+    mk_stage_pass(pair, m0);
     const int  KG  = mk_kg(K);
     const int  F   = KG*8;                                  // slots per column, padding included
     const int  F4  = K/4;                                   // slots with values
@@ -1303,11 +1337,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
     }
     mk_prof_at(prof, MK_PH_ST_LOAD);
     if (direct) {
-        if (pair) {
-            mk_cluster_sync();   // (also the block's barrier)
-        } else {
-            __syncthreads();
-        }
+        mk_stage_end(pair);
         return;
     }
     if (x.nw) {
@@ -1328,11 +1358,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
                 }
             }
         }
-        if (pair) {
-            mk_cluster_sync();
-        } else {
-            __syncthreads();
-        }
+        mk_stage_end(pair);
         mk_prof_at(prof, MK_PH_ST_Q8);
     } else if (pair) {
         mk_cluster_sync();

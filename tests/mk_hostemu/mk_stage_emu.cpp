@@ -5,8 +5,9 @@
 // slot) take the rounds of several slots, the pending residual's separate rms round and its one-round form; 1..4
 // columns. Every staged byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal
 // bitwise, and group g's record must sit where the mat-vec reads it (mk_rec_slot: its d from group g's staged values).
-// The same for mk_stage_cols split over a cluster of 2 blocks (a launch in clusters of 2: each block stages every other column into
-// both blocks' shared memory): both blocks' staged bytes and the rows written == mk_stage's.
+// The same for mk_stage_cols and for the any-batch mk_stage<MK_M> split over a cluster of 2 blocks (a launch in clusters of
+// 2, GGML_MK_VAR_CLUSTER_STAGE: each block stages every other column into both blocks' shared memory): both blocks'
+// staged bytes and the rows written == mk_stage's.
 // Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
@@ -23,7 +24,7 @@
 
 struct stage_args {
     mk_xin x;
-    int    K, Mc, cols;   // cols: mk_stage_cols, else mk_stage
+    int    K, Mc, cols;   // cols: 1 mk_stage_cols, 2 mk_stage<MK_M> (the any-batch code), else mk_stage<MK_MC_SMALL>
     int    cl;            // mk_stage_cols over a cluster of cl blocks
     bool   q8, direct;
     int    xs_bytes;
@@ -36,8 +37,10 @@ static void stage_kernel(const stage_args a) {
     MK_SHARED_DYN(char, smem);
     float   * xs = (float *) smem;
     uint8_t * xq = a.direct ? (uint8_t *) xs : (uint8_t *) smem + a.xs_bytes;
-    if (a.cols) {
+    if (a.cols == 1) {
         mk_stage_cols<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
+    } else if (a.cols == 2) {
+        mk_stage<MK_M>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
     } else {
         mk_stage<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
     }
@@ -69,10 +72,10 @@ int main() {
                 const int lda = K + 8, ldb = K + 4;   // (row strides wider than K, multiples of 4)
                 std::vector<float> A = rnd((size_t) Mc*lda, 1.0f), Bv = rnd((size_t) Mc*ldb, 1.0f), H = rnd((size_t) Mc*lda, 3.0f);
                 std::vector<float> NW = rnd(K, 0.5f), RNW = rnd(K, 0.7f);
-                // runs: 0 mk_stage, 1 mk_stage_cols, 2 mk_stage_cols over a cluster of 2 blocks
-                std::vector<float> outs[3][2];   // [run][res_out, nw_out]
-                std::vector<char> staged[3];     // (run 2: both blocks' regions, one after the other)
-                for (int run = 0; run < 3; ++run) {
+                // runs: 0 mk_stage, 1 mk_stage_cols, 2 mk_stage_cols and 3 mk_stage<MK_M> over a cluster of 2 blocks
+                std::vector<float> outs[4][2];   // [run][res_out, nw_out]
+                std::vector<char> staged[4];     // (runs 2, 3: both blocks' regions, one after the other)
+                for (int run = 0; run < 4; ++run) {
                     outs[run][0].assign((size_t) Mc*lda, -7.0f);
                     outs[run][1].assign((size_t) Mc*K, -7.0f);
                     mk_xin x = {};
@@ -88,7 +91,7 @@ int main() {
                     x.nw = nw ? NW.data() : nullptr;
                     x.nw_out = nw ? outs[run][1].data() : nullptr;
                     stage_args a = {};
-                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run > 0; a.cl = run == 2 ? 2 : 1;
+                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run == 0 ? 0 : run == 3 ? 2 : 1; a.cl = run >= 2 ? 2 : 1;
                     a.q8 = mode != 5; a.direct = mode == 2 || mode == 3 || mode == 4;
                     a.eps = 1e-6f;
                     a.xs_bytes = a.direct ? 0 : MK_MC_SMALL*KG*(int) MK_XS_GROUP;
@@ -110,16 +113,20 @@ int main() {
                     const int xsb = mode == 4 || mode == 2 || mode == 3 ? 0 : KG*(int) MK_XS_GROUP;
                     for (int g = 0; g < KG && xsb; ++g) {   // 32 values of each 36-float group (4 floats of padding)
                         same = same && memcmp(&staged[0][xs0 + g*MK_XS_GROUP], &staged[1][xs0 + g*MK_XS_GROUP], 32*sizeof(float)) == 0;
-                        for (int b = 0; b < 2; ++b) {
-                            same_cl = same_cl && memcmp(&staged[0][xs0 + g*MK_XS_GROUP], &staged[2][b*ob + xs0 + g*MK_XS_GROUP], 32*sizeof(float)) == 0;
+                        for (int run = 2; run < 4; ++run) {
+                            for (int b = 0; b < 2; ++b) {
+                                same_cl = same_cl && memcmp(&staged[0][xs0 + g*MK_XS_GROUP], &staged[run][b*ob + xs0 + g*MK_XS_GROUP], 32*sizeof(float)) == 0;
+                            }
                         }
                     }
                     if (mode != 5) {
                         const size_t q0 = (mode == 2 || mode == 3 || mode == 4 ? 0 : (size_t) MK_MC_SMALL*KG*MK_XS_GROUP) + xq0;
                         for (int g = 0; g < KG; ++g) {   // 32 quants, d, sum of q
                             same = same && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[1][q0 + g*MK_XQ_REC], 40) == 0;
-                            for (int b = 0; b < 2; ++b) {
-                                same_cl = same_cl && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[2][b*ob + q0 + g*MK_XQ_REC], 40) == 0;
+                            for (int run = 2; run < 4; ++run) {
+                                for (int b = 0; b < 2; ++b) {
+                                    same_cl = same_cl && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[run][b*ob + q0 + g*MK_XQ_REC], 40) == 0;
+                                }
                             }
                         }
                         // where the mat-vec looks for group g's record (mk_rec_slot): the rounding of group g's staged
@@ -138,8 +145,10 @@ int main() {
                 }
                 same = same && memcmp(outs[0][0].data(), outs[1][0].data(), outs[0][0].size()*sizeof(float)) == 0;
                 same = same && memcmp(outs[0][1].data(), outs[1][1].data(), outs[0][1].size()*sizeof(float)) == 0;
-                same_cl = same_cl && memcmp(outs[0][0].data(), outs[2][0].data(), outs[0][0].size()*sizeof(float)) == 0;
-                same_cl = same_cl && memcmp(outs[0][1].data(), outs[2][1].data(), outs[0][1].size()*sizeof(float)) == 0;
+                for (int run = 2; run < 4; ++run) {
+                    same_cl = same_cl && memcmp(outs[0][0].data(), outs[run][0].data(), outs[0][0].size()*sizeof(float)) == 0;
+                    same_cl = same_cl && memcmp(outs[0][1].data(), outs[run][1].data(), outs[0][1].size()*sizeof(float)) == 0;
+                }
                 // the staging wrote something: a run that left everything alone would compare equal too
                 size_t n_set = 0;   // bytes the staging changed from the emulation's poison (0x7f)
                 for (char c : staged[0]) n_set += c != 0x7f;
@@ -152,13 +161,14 @@ int main() {
                            !wrote   ? "mk_stage_cols and mk_stage wrote nothing"
                          : !placed  ? "the staging put a group's 8-bit record where the mat-vec does not look for it (mk_rec_slot)"
                          : !same    ? "mk_stage_cols differs bitwise from mk_stage"
-                                    : "mk_stage_cols over a cluster of 2 blocks differs bitwise from mk_stage (a block's "
-                                      "staged bytes or the rows written)");
+                                    : "mk_stage_cols or mk_stage<MK_M> over a cluster of 2 blocks differs bitwise from "
+                                      "mk_stage (a block's staged bytes or the rows written)");
                 }
             }
         }
     }
-    printf("%s staging slot by slot (mk_stage_cols, one block and a cluster of 2) == mk_stage bitwise: %d of %d cases "
+    printf("%s staging slot by slot (mk_stage_cols, one block and a cluster of 2) and the any-batch staging over a cluster "
+           "of 2 == mk_stage bitwise: %d of %d cases "
            "differ (K = 2560, 4096, 10240, 256, 2304; 6 modes; 1..%d columns)\n", fails ? "FAIL" : "OK", fails, cases,
            MK_MC_SMALL);
     return fails ? 1 : 0;
