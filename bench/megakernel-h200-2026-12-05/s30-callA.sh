@@ -3,7 +3,7 @@
 #   carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"], timeout_s=600)
 # 1. cluster_probe.cu: can the persistent grid run as clusters of 2 / 4 (co-resident, cooperative attribute accepted),
 #    and what a cluster barrier costs (the plan: a verify batch's staging split over a cluster's blocks)
-# 2. session 29's s29-callE.sh: the E4B-shaped Q4_K_M-like mix with the float path (4 values per lane) against its
+# 2. session 29's plan (s29-callE.sh, folded in here and removed): the E4B-shaped Q4_K_M-like mix with the float path (4 values per lane) against its
 #    before-variant 0x8000000, then checks + speed against the graph + verify cost
 # 3. the heads fold (variant 0x4000) on the Q4_0 target again, on today's kernel (session 12: 0.973x)
 # 4. the mix's per-phase profile, if time is left
