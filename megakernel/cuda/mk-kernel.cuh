@@ -197,8 +197,8 @@ struct mk_args {
 };
 
 // the cluster size a launch of M tokens runs with (the kernel reads it from the launch: mk_cluster_size): with
-// GGML_MK_VAR_CLUSTER_STAGE (a candidate, off by default until measured), 2 for a verify batch whose staging splits over
-// a pair of blocks (mk_stage_cols for 2..MK_MC_SMALL tokens, the any-batch mk_stage for more or under
+// GGML_MK_VAR_CLUSTER_STAGE (a candidate, off by default until measured), 2 for a verify batch whose staging splits
+// over a pair of blocks (mk_stage_cols for 2..MK_MC_SMALL tokens, the any-batch mk_stage for more or under
 // GGML_MK_VAR_WIDE_M; not the item-by-item mk_stage<MK_MC_SMALL> of GGML_MK_VAR_ITEM_STAGE) on a device that
 // co-schedules the whole grid as pairs (can: sm_90+, every pair resident at once) of an even grid; else 1
 MK_HOSTDEV int mk_step_cl(int M, int flags, int grid, bool can) {
@@ -872,7 +872,7 @@ MK_DEVICE float4 * mk_stage_xs(float * xs, int m, int KG, int f) {
 // the 8-bit rounding of slot f (values 4f .. 4f+3) into its group's record (llama.cpp's q8_1: d = max|x|/127,
 // q = round(x*(1/d)): one division per slot, not four); the group's 8 slots are on 8 consecutive lanes, and every
 // lane of the warp must call this (shuffles); ok = false: a lane with no slot here (it still takes part in the shuffles);
-// pair: the same record also into the cluster partner's inputs (mk_stage_cols)
+// pair: the same record also into the cluster partner's inputs (a staging split over a pair of blocks)
 MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, bool pair = false) {
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     MK_UNROLL
@@ -912,7 +912,7 @@ MK_DEVICE void mk_q8_slot(const float4 & v, int f, bool ok, uint8_t * rec, bool 
 // the rest of a staging item of column m (of the pass at m0), slot f, with its value v: the new residual row (wr: this
 // block writes column m's rows; block 0 without clusters), the norm's sum of squares ss and vector slot vn, then the
 // 8-bit record (direct: every lane of the warp comes here) or the staged value. F4, F: the slots with values, with
-// padding. pair: the launch runs as clusters of 2 blocks (mk_stage_cols): the partner's inputs get every final value
+// padding. pair: a staging split over a pair of blocks (mk_stage_pass): the partner's inputs get every final value
 // too (the staged value only if no norm scales it later, mk_stage_round); its addresses are made at each store (no
 // registers held across the staging: mk_mv_run's registers around the call stay as they are)
 MK_DEVICE void mk_stage_put(const mk_xin & x, float4 v, const float4 & vn, float & ss, int m0, int m, int f, int F4, int F,
@@ -1053,19 +1053,6 @@ MK_DEVICE void mk_item_next(mk_item & it, int t, int fe, int cs = 1) {   // fe =
     }
 }
 
-// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8; direct (no
-// norm, only 8-bit inputs wanted): the records are made from registers and xs is not written. With a pending
-// residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out); with nw it
-// is rmsnorm(a')*nw (block 0 also writes it to nw_out, if given). Global round trips: one for rms(h) (if any),
-// one for the values (MK_SB slots per thread in flight); the norm scale and the 8-bit rounding then work on
-// shared memory and registers only. Small code on purpose (the columns of the any-batch code are a run-time loop):
-// every phase runs it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1:
-// one-token steps; MK_MC_SMALL: small verify batches, both with the per-column values in registers; MK_M: any
-// batch); a column's arithmetic is the same in all. MK_SB: the items per thread whose loads are in flight at once in the
-// pending residual's rms round and in the values' round (other batches of the same items in the same order would give
-// the same sums, the same bits). In a launch as clusters of 2 blocks (GGML_MK_VAR_CLUSTER_STAGE: mk_step_cl), the
-// any-batch code (MC > MK_MC_SMALL) stages only the columns of its rank's parity, into both blocks' shared memory, as
-// mk_stage_cols does for small batches.
 // the fused draft kernel's launches are never clustered (mk_step_cl is the decode/verify launch's): its module
 // (GGML_MK_DRAFT_KERNEL) leaves the split stagings out, so that its code stays that of the unclustered staging
 #ifdef GGML_MK_DRAFT_KERNEL
@@ -1091,6 +1078,19 @@ MK_DEVICE void mk_stage_end(bool pair) {
     }
 }
 
+// stage columns m0 .. m0+Mc-1 of the inputs into xs (every block its own copy), and into xq if q8; direct (no
+// norm, only 8-bit inputs wanted): the records are made from registers and xs is not written. With a pending
+// residual the column is a' = (a + h*rms(h)*res_nw)*res_scale (block 0 also writes a' to res_out); with nw it
+// is rmsnorm(a')*nw (block 0 also writes it to nw_out, if given). Global round trips: one for rms(h) (if any),
+// one for the values (MK_SB slots per thread in flight); the norm scale and the 8-bit rounding then work on
+// shared memory and registers only. Small code on purpose (the columns of the any-batch code are a run-time loop):
+// every phase runs it once per block, from a cold instruction cache. MC: the bound of Mc the code is made for (1:
+// one-token steps; MK_MC_SMALL: small verify batches, both with the per-column values in registers; MK_M: any
+// batch); a column's arithmetic is the same in all. MK_SB: the items per thread whose loads are in flight at once in the
+// pending residual's rms round and in the values' round (other batches of the same items in the same order would give
+// the same sums, the same bits). In a launch as clusters of 2 blocks (GGML_MK_VAR_CLUSTER_STAGE: mk_step_cl), the
+// any-batch code (MC > MK_MC_SMALL) stages only the columns of its rank's parity, into both blocks' shared memory, as
+// mk_stage_cols does for small batches.
 // the block sums' scratch of mk_stage: one array for all its instances (a static array in each would be one more block
 // of static shared memory per instance, held by every block of the launch and taken from the dynamic region; session
 // 20 measured the one array against one per instance: no difference in speed, A/B)
@@ -1250,11 +1250,12 @@ MK_DEVICE void mk_cols_rms(float (&ss)[MC], float (&r)[MC], int Mc, int K, float
     }
 }
 
-// In a launch as clusters of 2 blocks (mk_step_cl, GGML_MK_VAR_CLUSTER_STAGE; mk_cluster_size() == 2), each block of the pair takes every other column of the
-// pass (column m: the block of rank m % 2), the whole of each column's arithmetic as above (the same bits), and stores
-// every final byte (staged values, 8-bit records) into its own and its partner's shared memory; the cluster barrier
-// at the end makes both halves whole in both blocks. The rows written for the host and the next residual step
-// (res_out, nw_out) come from the block of cluster 0 that staged the column. Measured: NOTES.md session 30
+// In a launch as clusters of 2 blocks (mk_step_cl, GGML_MK_VAR_CLUSTER_STAGE; mk_cluster_size() == 2), each block of
+// the pair takes every other column of the pass (column m: the block of rank m % 2), the whole of each column's
+// arithmetic as above (the same bits), and stores every final byte (staged values, 8-bit records) into its own and its
+// partner's shared memory; the cluster barrier at the end makes both halves whole in both blocks. The rows written for
+// the host and the next residual step (res_out, nw_out) come from the block of cluster 0 that staged the column. Not
+// yet run on a GPU (NOTES.md session 30)
 template <int MC>
 MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
                                 bool direct, unsigned long long * prof) {
