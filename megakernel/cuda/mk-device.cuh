@@ -122,8 +122,8 @@ static __device__ __forceinline__ unsigned mk_ld_acquire(const unsigned * p) {
     return v;
 }
 
-// thread block clusters (sm_90+; the host launches a small verify batch's grid as clusters of 2 blocks, consecutive block
-// indices, mk_step_cl): the blocks in this block's cluster (1 in a launch without clusters), this block's rank in it,
+// thread block clusters (sm_90+; with GGML_MK_VAR_CLUSTER_STAGE the host launches a verify batch's grid as clusters of
+// 2 blocks, consecutive block indices, mk_step_cl): the blocks in this block's cluster (1 in a launch without clusters), this block's rank in it,
 // the cluster barrier (every thread of every block of the cluster; release / acquire: the shared-memory stores made
 // before it into any block of the cluster are seen after it), and a store of v to the place of shared variable p in
 // block `rank` of the cluster (32-bit shared::cluster addresses: a 64-bit generic one costs the staging registers,

@@ -42,8 +42,8 @@ struct mk_cuda {
     int att_chunk = 8;
     int  flags = 0;            // the model's debug_flags (mk_step_chunks: GGML_MK_VAR_ALL_CHUNKS, _HALF_GROUPS)
     bool bulk = false;         // weight tiles by cp.async.bulk (sm_90+, not GGML_MK_VAR_CP_ASYNC)
-    bool cl_ok = false;        // the grid may run as clusters of 2 blocks (mk_step_cl: a small verify batch's staging
-                               // split over each pair): sm_90+, an even grid, every pair resident at once
+    bool cl_ok = false;        // the grid may run as clusters of 2 blocks (mk_step_cl: a verify batch's staging split
+                               // over each pair): sm_90+, an even grid, every pair resident at once
     uint64_t launches = 0;     // the grid barrier's two counts alternate per launch
     int ncu_m = 0;             // LLAMA_MEGAKERNEL_NCU_M=M: only steps of M tokens inside the profiler's range (ncu
                                // --profile-from-start off: one verify launch, not the one-token steps before it)
@@ -252,7 +252,7 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     if (const char * e = getenv("LLAMA_MEGAKERNEL_GRID"); e && atoi(e) > 0) {
         mk->grid = std::min(mk->grid, atoi(e));
     }
-    // clusters of 2 blocks for small verify batches (GGML_MK_VAR_CLUSTER_STAGE; the decode/verify kernel, not the fused
+    // clusters of 2 blocks for verify batches (GGML_MK_VAR_CLUSTER_STAGE; the decode/verify kernel, not the fused
     // draft's): only where the device holds the whole grid as pairs at once, since every block waits for every other at
     // the grid barriers
     if (!d && cc_major >= 9 && mk->grid % 2 == 0 && (model->debug_flags & GGML_MK_VAR_CLUSTER_STAGE)) {
@@ -276,7 +276,7 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
                     "holds %d clusters of 2 at once, the grid is %d blocks (%s)\n", n_cl, mk->grid, cudaGetErrorString(e));
         } else {
             fprintf(stderr, "llama_mk: verify batches of 2..%d tokens staged over clusters of 2 blocks (%d clusters)\n",
-                    MK_MC_SMALL, mk->grid/2);
+                    MK_M, mk->grid/2);
         }
     }
 
