@@ -177,7 +177,7 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x6000000": ["--variant", "0x6000000", "--vs-default"], "0x8000000": ["--variant", "0x8000000"],
             "wide-verify": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default"],
             "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"],
-            # a verify batch of 2..4 tokens staged over clusters of 2 blocks (0x10000000, GGML_MK_VAR_CLUSTER_STAGE, on an
+            # verify batches of 2..8 tokens staged over clusters of 2 blocks (0x10000000, GGML_MK_VAR_CLUSTER_STAGE, on an
             # even grid) against the default's staging whole in every block; two clusters with a slow block
             "0x10000000": ["--verify", "2,3,4,5,8", "--variant", "0x10000000", "--vs-default"],
             "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5", "--variant", "0x10000000"]}
@@ -322,7 +322,7 @@ STAGE_PLANTED = {
     "record_places": ("if (q8) {\n        uint8_t * rec = xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;",
                       "if (q8) {\n        uint8_t * rec = xq + (size_t) (m*KG + f/8)*MK_XQ_REC;",
                       r"^FAIL K=\d+ .* where the mat-vec does not look for it"),
-    # the staging split over a cluster of 2 blocks (mk_stage_cols with cl = 2, session 30): the partner's copy of the
+    # the staging split over a cluster of 2 blocks (mk_stage_cols in a launch clustered by 2, session 30): the partner's copy of the
     # 8-bit records' quants not written; of the norm-scaled values not written; the cluster barrier at the end a block
     # barrier only (the partner's stores may not have landed when the mat-vec reads them); the rows for the host and the
     # next residual step (res_out, nw_out) written by block 0 only (the odd columns, staged by block 1, never)
@@ -332,13 +332,13 @@ STAGE_PLANTED = {
                        "        }\n        if (x.nw_out", r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
     "cluster_barrier": ("        mk_cluster_sync();   // (also the block's barrier)", "        __syncthreads();",
                         r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
-    "cluster_rows": ("F4, F, KG,\n                             direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);",
+    "cluster_rows": ("F4, F, KG,\n                             direct, xs, xq, (int) blockIdx.x == mk_stage_owner(pair, m), pair);",
                      "F4, F, KG,\n                             direct, xs, xq, blockIdx.x == 0, pair);",
                      r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
     # the any-batch staging (mk_stage<MK_M>) over a pair: the partner not given the values / records its put makes; both
     # blocks taking the even columns (the odd ones staged by neither)
-    "any_batch_partner": ("fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);",
-                          "fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), false);",
+    "any_batch_partner": ("fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == mk_stage_owner(pair, m), pair);",
+                          "fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == mk_stage_owner(pair, m), false);",
                           r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
     "any_batch_columns": ("const int  c0   = pair ? mk_cluster_rank() : 0;", "const int  c0   = 0;",
                           r"^FAIL K=\d+ .* over a cluster of 2 blocks"),

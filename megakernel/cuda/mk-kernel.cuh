@@ -1070,6 +1070,12 @@ MK_DEVICE void mk_stage_pass(bool pair, int m0) {
         mk_cluster_sync();
     }
 }
+// the rank of the pair's block that stages column m of a pass (0 without a pair): the blocks take the columns by
+// parity; the rows for the host and the next residual step come from that rank's block of cluster 0, i.e. the block
+// whose index is this rank
+MK_DEVICE int mk_stage_owner(bool pair, int m) {
+    return pair ? (m & 1) : 0;
+}
 MK_DEVICE void mk_stage_end(bool pair) {
     if (pair) {
         mk_cluster_sync();   // (also the block's barrier)
@@ -1109,7 +1115,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
     const int  NJ  = (F + MK_THREADS - 1)/MK_THREADS;      // slots per thread per column
     // a pair of blocks (the any-batch code only): this block's columns are c0, c0 + 2, ... (its rank's parity)
     const bool pair = MK_CLUSTERS && MC > MK_MC_SMALL && mk_cluster_size() > 1;
-    const int  c0   = pair ? mk_cluster_rank() : 0;
+    const int  c0   = pair ? mk_cluster_rank() : 0;   // (the columns m with mk_stage_owner(pair, m) == c0)
     const int  cs   = pair ? 2 : 1;
     const int  NI  = (Mc - c0 + cs - 1)/cs*NJ;             // this block's items
     const int  t   = threadIdx.x;
@@ -1192,7 +1198,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
             const int m = mb[b];
             float s = mk_col_get<MC>(ss, m);
             mk_stage_put(x, mk_stage_val(x, va[b], vb[b], vw[b], res && !gl ? mk_col_get<MC>(rh, m) : 0.0f), vn[b], s, m0, m,
-                         fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);
+                         fb[b], F4, F, KG, direct, xs, xq, (int) blockIdx.x == mk_stage_owner(pair, m), pair);
             if (x.nw) {
                 mk_col_set<MC>(ss, m, s);
             }
@@ -1219,7 +1225,7 @@ MK_DEVICE_FN void mk_stage(const mk_xin & x, int K, int m0, int Mc, float eps, f
         for (int i = 0; i < NI; ++i, mk_item_next(it, t, fe, cs)) {
             const int m = MK_COL(it);
             mk_stage_round(x, x.nw ? mk_col_get<MC>(ss, m) : 0.0f, m0, m, it.f, K, F, KG, q8, xs, xq,
-                           (int) blockIdx.x == (pair ? (m & 1) : 0), pair);
+                           (int) blockIdx.x == mk_stage_owner(pair, m), pair);
         }
         mk_stage_end(pair);
         mk_prof_at(prof, MK_PH_ST_Q8);
@@ -1262,9 +1268,10 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
     static_assert(MC <= MK_MC_SMALL, "the columns in registers");
     float * red = mk_stage_red();
     const bool pair = MK_CLUSTERS && mk_cluster_size() > 1;   // (of 2: mk_step_cl)
-    // the columns this block stages: a bit per column (the rank is read where it is needed: nothing held in registers)
-    auto own = [&]() { return pair ? (mk_cluster_rank() ? 0xAAAAu : 0x5555u) : ~0u; };
-    auto on  = [&](int m) { return m < Mc && (!pair || (m & 1) == mk_cluster_rank()); };
+    // the columns this block stages, and the same as a bit per column (the rank is read where it is needed: nothing held
+    // in registers)
+    auto on  = [&](int m) { return m < Mc && mk_stage_owner(pair, m) == (pair ? mk_cluster_rank() : 0); };
+    auto own = [&]() { return pair ? (mk_cluster_rank() ? 0xAAAAu : 0x5555u) : ~0u; };   // (mk_stage_owner's parity)
     mk_stage_pass(pair, m0);
     const int  KG  = mk_kg(K);
     const int  F   = KG*8;                                  // slots per column, padding included
@@ -1332,7 +1339,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         for (int m = 0; m < MC; ++m) {
             if (on(m)) {
                 mk_stage_put(x, mk_stage_val(x, va[m], vb[m], vw, res && !gl ? rh[m] : 0.0f), vn, ss[m], m0, m, f, F4, F, KG,
-                             direct, xs, xq, (int) blockIdx.x == (pair ? (m & 1) : 0), pair);
+                             direct, xs, xq, (int) blockIdx.x == mk_stage_owner(pair, m), pair);
             }
         }
     }
@@ -1355,7 +1362,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
             for (int m = 0; m < MC; ++m) {
                 if (on(m)) {
                     mk_stage_round(x, ss[m], m0, m, t + j*MK_THREADS, K, F, KG, q8, xs, xq,
-                                   (int) blockIdx.x == (pair ? (m & 1) : 0), pair);
+                                   (int) blockIdx.x == mk_stage_owner(pair, m), pair);
                 }
             }
         }

@@ -112,6 +112,25 @@ static size_t mk_align(size_t n) {
         }                                                                             \
     } while (0)
 
+// the launch configuration of the grid as clusters of cl blocks (at: room for 2 attributes; coop: also cooperative,
+// every block resident): one spelling for the occupancy query at create and the launches
+static cudaLaunchConfig_t mk_cluster_config(const mk_cuda * mk, int cl, bool coop, cudaLaunchAttribute * at) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim          = dim3(mk->grid);
+    cfg.blockDim         = dim3(MK_THREADS);
+    cfg.dynamicSmemBytes = mk->smem_bytes;
+    cfg.stream           = mk->stream;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeCooperative;
+    at[1].val.cooperative = 1;
+    cfg.attrs    = at;
+    cfg.numAttrs = coop ? 2 : 1;
+    return cfg;
+}
+
 // a handle for the plan model: its decode/verify kernel, or (d: the draft that model was made of by ggml_mk_draft_model)
 // the fused draft kernel with the draft's buffers and mat-vec table
 static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft * d, char * err, size_t err_size) {
@@ -256,17 +275,8 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     // draft's): only where the device holds the whole grid as pairs at once, since every block waits for every other at
     // the grid barriers
     if (!d && cc_major >= 9 && mk->grid % 2 == 0 && (model->debug_flags & GGML_MK_VAR_CLUSTER_STAGE)) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim          = dim3(mk->grid);
-        cfg.blockDim         = dim3(MK_THREADS);
-        cfg.dynamicSmemBytes = mk->smem_bytes;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 2;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs    = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at[2];
+        const cudaLaunchConfig_t cfg = mk_cluster_config(mk, 2, false, at);
         int n_cl = 0;
         const cudaError_t e = cudaOccupancyMaxActiveClusters(&n_cl, mk->kernel, &cfg);
         mk->cl_ok = e == cudaSuccess && 2*n_cl >= mk->grid;
@@ -699,21 +709,8 @@ int ggml_cuda_mk_eval(void * h, const ggml_mk_step * step, float * logits) {
     int cl = mk_step_cl(M, mk->flags, mk->grid, mk->cl_ok);
     cudaError_t e = cudaSuccess;
     if (cl > 1) {
-        // a cooperative launch (every block resident) in clusters of cl blocks
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim          = dim3(mk->grid);
-        cfg.blockDim         = dim3(MK_THREADS);
-        cfg.dynamicSmemBytes = mk->smem_bytes;
-        cfg.stream           = mk->stream;
         cudaLaunchAttribute at[2];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = cl;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        at[1].id = cudaLaunchAttributeCooperative;
-        at[1].val.cooperative = 1;
-        cfg.attrs    = at;
-        cfg.numAttrs = 2;
+        const cudaLaunchConfig_t cfg = mk_cluster_config(mk, cl, true, at);
         e = cudaLaunchKernelExC(&cfg, mk->kernel, kargs);
         if (e != cudaSuccess) {
             (void) cudaGetLastError();
