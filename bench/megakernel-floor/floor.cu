@@ -8,12 +8,21 @@
 //   mode 2  + each phase streams its weight bytes once (16-byte loads spread over every warp, UNROLL in flight per
 //           thread), no staging
 //   mode 3  both: the floor of a step with this phase list
+// and two weight pipelines that carry the stream across the barriers (session 31), each with and without the staging
+// dependency:
+//   tiles   the megakernel's own: every warp streams its share of a phase in tiles of TB bytes (one bulk copy each,
+//           completing on the stage's mbarrier) through NS stages of shared memory, the tiles dealt to the grid's warps
+//           SM-first; the next phase's first NS - 1 tiles are issued before the grid barrier (mk_mv_begin)
+//   ring    a decoupled stream: one producer warp per SM copies the SM's share of every phase, phase after phase, into
+//           a ring of R slots of CB bytes and waits only for free slots, never for a grid barrier; the other 15 warps
+//           consume the slots (and do the staging and the barriers), so the stream runs ahead across the barriers by up
+//           to the ring's size (the "No Bubbles" form of a megakernel)
 // The phase list (bytes per phase, in the kernel body's order) comes from a file (bench/megakernel-floor/phases.py makes
 // it from a GGUF); a last run streams every byte in one phase (the bandwidth reference). Prints the median time of a
 // step over --reps launches, per phase, and the tokens per second it allows.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -I$SRC/ggml/src -I$SRC/ggml/include -Imegakernel -Imegakernel/cuda \
-//        bench/megakernel-floor/floor.cu -o floor && ./floor --phases phases.txt [--reps 20] [--k 2560]
+//        bench/megakernel-floor/floor.cu -o floor && ./floor --phases phases.txt [--reps 20] [--k 2560] [--quick]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -89,16 +98,257 @@ __global__ void __launch_bounds__(MK_THREADS) floor_kernel(const uint4 * w, cons
     }
 }
 
+// a wait on an mbarrier phase that gives up (a bug in the pipelines below ends the run with an error instead of holding
+// the device until the call's time runs out)
+__device__ __forceinline__ void floor_mbar_wait(unsigned long long * bar, unsigned parity, int what) {
+    const unsigned b = (unsigned) __cvta_generic_to_shared(bar);
+    for (long long n = 0;; ++n) {
+        unsigned done;
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(b), "r"(parity) : "memory");
+        if (done) {
+            return;
+        }
+        if (n > (1ll << 22)) {
+            printf("floor: block %d thread %d: mbarrier wait (%s) never completed\n", blockIdx.x, threadIdx.x,
+                   what == 0 ? "tile" : what == 1 ? "ring slot full" : "ring slot empty");
+            __trap();
+        }
+    }
+}
+
+__device__ __forceinline__ void floor_mbar_arrive(unsigned long long * bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"((unsigned) __cvta_generic_to_shared(bar)) : "memory");
+}
+
+// a read of a landed tile or slot by the warp's lanes (16 bytes a lane at a time)
+__device__ __forceinline__ unsigned floor_touch(const uint8_t * p, long long nb, unsigned acc) {
+    for (long long o = 16*(threadIdx.x % WARP_SIZE); o < nb; o += 16*WARP_SIZE) {
+        const uint4 v = *(const uint4 *) (p + o);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    return acc;
+}
+
+// the pieces of a phase of nb bytes in units of PB bytes (the last one shorter), and the bytes of piece t
+__host__ __device__ inline long long floor_pieces(long long nb, int PB) { return (nb + PB - 1)/PB; }
+__host__ __device__ inline long long floor_piece_bytes(long long nb, int PB, long long t) { return nb - t*PB < PB ? nb - t*PB : PB; }
+
+#define FLOOR_NS_MAX 8
+
+// the tiles pipeline (see the top of the file); bytes[p]: phase p's weight bytes (multiples of 16)
+__global__ void __launch_bounds__(MK_THREADS) floor_tiles_kernel(const uint8_t * w, const long long * bytes, int n_phases,
+                                                                float * vec, int K, int staging, int NS, int TB,
+                                                                unsigned * bar, unsigned long long * sink) {
+    MK_SHARED_DYN(float4, floor_dyn);   // (16-byte aligned: the bulk copies' destinations)
+    uint8_t * smem = (uint8_t *) floor_dyn;
+    __shared__ float red[MK_WARPS*MK_M];
+    __shared__ unsigned long long mbar[MK_WARPS][FLOOR_NS_MAX];
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const long long NW = (long long) gridDim.x*MK_WARPS;
+    const long long gw = (long long) warp*gridDim.x + blockIdx.x;   // SM-first, as the megakernel deals its units
+    uint8_t * st = smem + (size_t) warp*NS*TB;
+    if (lane == 0) {
+        for (int s = 0; s < NS; ++s) {
+            mk_mbar_init(&mbar[warp][s]);
+        }
+    }
+    mk_mbar_init_fence();
+    __syncthreads();
+    unsigned acc = 0;
+    unsigned c_i = 0, c_d = 0;   // this warp's tiles issued, consumed (stage c % NS, its mbarrier's parity (c / NS) & 1)
+    long long off = 0;
+    auto n_mine = [&](int p) {   // this warp's tiles of phase p
+        const long long T = floor_pieces(bytes[p], TB);
+        return T > gw ? (T - gw - 1)/NW + 1 : 0;
+    };
+    auto issue = [&](int p, long long poff, long long j) {   // tile j of this warp in phase p (at byte offset poff)
+        if (lane == 0) {
+            const long long t = gw + j*NW;
+            const int s = (int) (c_i % NS);
+            mk_bulk_copy(st + (size_t) s*TB, w + poff + t*TB, (unsigned) floor_piece_bytes(bytes[p], TB, t), &mbar[warp][s]);
+        }
+        ++c_i;
+    };
+    for (long long j = 0; j < NS - 1 && j < n_mine(0); ++j) {
+        issue(0, 0, j);
+    }
+    for (int p = 0; p < n_phases; ++p) {
+        const float * in  = vec + (size_t) (p % 2)*K;
+        float       * out = vec + (size_t) ((p + 1) % 2)*K;
+        float ss[1] = { 0.0f };
+        if (staging) {
+            for (int i = threadIdx.x; i < K/4; i += MK_THREADS) {
+                ss[0] = mk_sq4(mk_ldcg4((const float4 *) in + i), ss[0]);
+            }
+            mk_block_sums<1>(ss, 1, red);
+        }
+        const long long n = n_mine(p);
+        for (long long j = 0; j < n; ++j) {
+            if (j + NS - 1 < n) {
+                issue(p, off, j + NS - 1);   // into the stage the tile before this one left
+            }
+            const int s = (int) (c_d % NS);
+            floor_mbar_wait(&mbar[warp][s], (c_d / NS) & 1u, 0);
+            acc = floor_touch(st + (size_t) s*TB, floor_piece_bytes(bytes[p], TB, gw + j*NW), acc);
+            ++c_d;
+            __syncwarp();   // (every lane has read the stage before lane 0 refills it)
+        }
+        off += bytes[p];
+        const int per = (K + gridDim.x - 1)/gridDim.x;
+        for (int i = blockIdx.x*per + threadIdx.x; i < min(K, (blockIdx.x + 1)*per); i += MK_THREADS) {
+            out[i] = ss[0]*1e-30f + (float) (acc & 1) + 1.0f;
+        }
+        __syncthreads();
+        if (p + 1 < n_phases) {   // the next phase's first tiles before the barrier (mk_mv_begin)
+            for (long long j = 0; j < NS - 1 && j < n_mine(p + 1); ++j) {
+                issue(p + 1, off, j);
+            }
+        }
+        if (threadIdx.x == 0) {
+            mk_grid_arrive_wait(bar, nullptr, 0, 0);
+        }
+        __syncthreads();
+    }
+    if (acc == 0x12345678u) {
+        sink[0] = acc;
+    }
+}
+
+// the ring pipeline (see the top of the file): warp MK_WARPS - 1 produces, the others consume; they synchronise among
+// themselves with named barrier 1 (the producer never joins a block barrier)
+#define FLOOR_NC ((MK_WARPS - 1)*WARP_SIZE)
+__device__ __forceinline__ void floor_consumers_sync() {
+    asm volatile("bar.sync 1, %0;" :: "n"(FLOOR_NC) : "memory");
+}
+
+__host__ __device__ inline size_t floor_ring_head(int R) { return ((size_t) 2*R*sizeof(unsigned long long) + 127)/128*128; }
+
+__global__ void __launch_bounds__(MK_THREADS) floor_ring_kernel(const uint8_t * w, const long long * bytes, int n_phases,
+                                                               float * vec, int K, int staging, int R, int CB,
+                                                               unsigned * bar, unsigned long long * sink) {
+    MK_SHARED_DYN(float4, floor_dyn);   // (16-byte aligned: the bulk copies' destinations)
+    uint8_t * smem = (uint8_t *) floor_dyn;
+    __shared__ float red[MK_WARPS];
+    __shared__ float tot;
+    unsigned long long * full  = (unsigned long long *) smem;   // slot r holds a piece
+    unsigned long long * empty = full + R;                       // slot r was read
+    uint8_t * ring = smem + floor_ring_head(R);
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (threadIdx.x == 0) {
+        for (int r = 0; r < R; ++r) {
+            mk_mbar_init(&full[r]);
+            mk_mbar_init(&empty[r]);
+        }
+    }
+    mk_mbar_init_fence();
+    __syncthreads();
+    // this block's pieces of phase p: t = blockIdx.x, blockIdx.x + grid, ... (pieces of CB bytes); entry i of the
+    // block's sequence (all phases in order) goes to slot i % R, its (i / R)-th use of the slot
+    auto n_mine = [&](int p) {
+        const long long T = floor_pieces(bytes[p], CB);
+        return T > blockIdx.x ? (T - blockIdx.x - 1)/gridDim.x + 1 : 0;
+    };
+    if (warp == MK_WARPS - 1) {
+        if (lane == 0) {
+            long long off = 0;
+            unsigned i = 0;
+            for (int p = 0; p < n_phases; ++p) {
+                const long long n = n_mine(p);
+                for (long long e = 0; e < n; ++e, ++i) {
+                    const unsigned r = i % R, k = i / R;
+                    if (k > 0) {
+                        floor_mbar_wait(&empty[r], (k - 1) & 1u, 2);
+                    }
+                    const long long t = blockIdx.x + e*gridDim.x;
+                    mk_bulk_copy(ring + (size_t) r*CB, w + off + t*CB, (unsigned) floor_piece_bytes(bytes[p], CB, t), &full[r]);
+                }
+                off += bytes[p];
+            }
+        }
+        return;
+    }
+    unsigned acc = 0;
+    unsigned i0 = 0;   // the block's first entry of phase p
+    for (int p = 0; p < n_phases; ++p) {
+        const float * in  = vec + (size_t) (p % 2)*K;
+        float       * out = vec + (size_t) ((p + 1) % 2)*K;
+        float ss = 0.0f;
+        if (staging) {
+            for (int i = threadIdx.x; i < K/4; i += FLOOR_NC) {
+                ss = mk_sq4(mk_ldcg4((const float4 *) in + i), ss);
+            }
+            ss = mk_warp_sum(ss);
+            if (lane == 0) {
+                red[warp] = ss;
+            }
+            floor_consumers_sync();
+            if (threadIdx.x == 0) {
+                float t = 0.0f;
+                for (int k = 0; k < MK_WARPS - 1; ++k) {
+                    t += red[k];
+                }
+                tot = t;
+            }
+            floor_consumers_sync();
+            ss = tot;
+        }
+        const long long n = n_mine(p);
+        for (long long e = warp; e < n; e += MK_WARPS - 1) {
+            const unsigned i = i0 + (unsigned) e, r = i % R, k = i / R;
+            floor_mbar_wait(&full[r], k & 1u, 1);
+            acc = floor_touch(ring + (size_t) r*CB, floor_piece_bytes(bytes[p], CB, blockIdx.x + e*gridDim.x), acc);
+            __syncwarp();
+            if (lane == 0) {
+                floor_mbar_arrive(&empty[r]);
+            }
+        }
+        i0 += (unsigned) n;
+        const int per = (K + gridDim.x - 1)/gridDim.x;
+        for (int i = blockIdx.x*per + threadIdx.x; i < min(K, (blockIdx.x + 1)*per); i += FLOOR_NC) {
+            out[i] = ss*1e-30f + (float) (acc & 1) + 1.0f;
+        }
+        floor_consumers_sync();
+        if (threadIdx.x == 0) {
+            mk_grid_arrive_wait(bar, nullptr, 0, 0);
+        }
+        floor_consumers_sync();
+    }
+    if (acc == 0x12345678u) {
+        sink[0] = acc;
+    }
+}
+
 int main(int argc, char ** argv) {
     std::string phases_path;
-    int reps = 20, K = 2560;
+    int reps = 20, K = 2560, first = 0;
+    bool quick = false;
+    const char * usage =
+        "usage: %s --phases FILE [--reps R] [--k K] [--first N] [--quick]\n"
+        "  --phases FILE  one phase per line, \"BYTES NAME\" (bench/megakernel-floor/phases.py makes it from a GGUF)\n"
+        "  --reps R       timed launches per configuration (the median is printed; default 20)\n"
+        "  --k K          the staged vector's length (the model's hidden size; default 2560)\n"
+        "  --first N      only the first N phases of the list\n"
+        "  --quick        a smoke test: 3 launches of each configuration (first 40 phases unless --first)\n";
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto next = [&]() { if (i + 1 >= argc) { fprintf(stderr, "floor: missing value for %s\n", a.c_str()); exit(2); } return std::string(argv[++i]); };
         if (a == "--phases") phases_path = next();
         else if (a == "--reps") reps = std::stoi(next());
         else if (a == "--k") K = std::stoi(next());
-        else { fprintf(stderr, "usage: %s --phases FILE [--reps R] [--k K]\n  FILE: one phase per line, \"BYTES NAME\"\n", argv[0]); return 2; }
+        else if (a == "--first") first = std::stoi(next());
+        else if (a == "--quick") quick = true;
+        else { fprintf(stderr, usage, argv[0]); return 2; }
+    }
+    if (quick) {
+        reps = 3;
+        first = first > 0 ? first : 40;
+    }
+    if (K < 4 || K % 4 != 0 || reps < 1) {
+        fprintf(stderr, "floor: --k must be a positive multiple of 4 and --reps positive\n");
+        return 2;
     }
     std::ifstream f(phases_path);
     if (!f) {
@@ -111,7 +361,7 @@ int main(int argc, char ** argv) {
     while (std::getline(f, line)) {
         std::istringstream ls(line);
         long long b;
-        if (ls >> b) {
+        if (ls >> b && (first <= 0 || (int) units.size() < first)) {
             units.push_back((b + 15)/16);
             total += units.back();
         }
@@ -121,21 +371,28 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "floor: no phases in %s\n", phases_path.c_str());
         return 2;
     }
-    int dev = 0, sms = 0;
+    std::vector<long long> bytes(np);
+    for (int p = 0; p < np; ++p) {
+        bytes[p] = 16*units[p];
+    }
+    int dev = 0, sms = 0, smem_optin = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     int per_sm = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, floor_kernel, MK_THREADS, 0));
     if (per_sm < 1) {
         fprintf(stderr, "floor: the kernel does not fit on an SM\n");
         return 1;
     }
-    uint4 * w = nullptr; long long * d_units = nullptr; float * vec = nullptr; unsigned * bar = nullptr;
-    unsigned long long * sink = nullptr; long long * d_one = nullptr;
+    uint4 * w = nullptr; long long * d_units = nullptr; long long * d_bytes = nullptr; float * vec = nullptr;
+    unsigned * bar = nullptr; unsigned long long * sink = nullptr; long long * d_one = nullptr;
     CK(cudaMalloc(&w, (size_t) total*16));
     CK(cudaMemset(w, 1, (size_t) total*16));
     CK(cudaMalloc(&d_units, np*sizeof(long long)));
     CK(cudaMemcpy(d_units, units.data(), np*sizeof(long long), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_bytes, np*sizeof(long long)));
+    CK(cudaMemcpy(d_bytes, bytes.data(), np*sizeof(long long), cudaMemcpyHostToDevice));
     CK(cudaMalloc(&d_one, sizeof(long long)));
     CK(cudaMemcpy(d_one, &total, sizeof(long long), cudaMemcpyHostToDevice));
     CK(cudaMalloc(&vec, 2*K*sizeof(float)));
@@ -147,13 +404,13 @@ int main(int argc, char ** argv) {
     CK(cudaEventCreate(&e1));
     printf("floor: %d SMs, one block of %d threads each, %d phases, %.3f GB of weights per step, K %d, %d loads in flight per thread\n",
            sms, MK_THREADS, np, total*16/1e9, K, FLOOR_UNROLL);
-    auto run = [&](const long long * u, int n, int mode) {
+    // the median of reps timed launches (after 2 untimed ones) of kernel with args and dyn bytes of shared memory
+    auto time_launch = [&](const void * kernel, void ** args, size_t dyn) {
         std::vector<float> t;
         for (int r = 0; r < reps + 2; ++r) {
             CK(cudaMemset(bar, 0, sizeof(unsigned)));
-            void * args[] = { &w, (void *) &u, &n, &vec, &K, &mode, &bar, &sink };
             CK(cudaEventRecord(e0));
-            CK(cudaLaunchCooperativeKernel((void *) floor_kernel, dim3(sms), dim3(MK_THREADS), args, 0, nullptr));
+            CK(cudaLaunchCooperativeKernel(kernel, dim3(sms), dim3(MK_THREADS), args, dyn, nullptr));
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
             float ms = 0;
@@ -165,14 +422,67 @@ int main(int argc, char ** argv) {
         std::sort(t.begin(), t.end());
         return t[t.size()/2];
     };
-    const char * what[4] = { "barriers only", "barriers + staging dependency", "barriers + weights", "barriers + staging + weights" };
-    for (int mode = 0; mode < 4; ++mode) {
-        const float us = run(d_units, np, mode);
-        printf("mode %d (%s): %.1f us per step, %.2f us per phase, %.0f tok/s", mode, what[mode], us, us/np, 1e6/us);
-        if (mode & 2) {
+    auto run = [&](const long long * u, int n, int mode) {
+        void * args[] = { &w, (void *) &u, &n, &vec, &K, &mode, &bar, &sink };
+        return time_launch((const void *) floor_kernel, args, 0);
+    };
+    auto report = [&](const char * what, float us, bool weights) {
+        printf("%s: %.1f us per step, %.2f us per phase, %.0f tok/s", what, us, us/np, 1e6/us);
+        if (weights) {
             printf(", %.0f GB/s", total*16/(us*1e3));
         }
         printf("\n");
+        fflush(stdout);
+    };
+    // a pipeline's configuration, if its shared memory fits one block per SM: false (and a line) if not
+    auto fits = [&](const void * kernel, size_t dyn, const char * what) {
+        if ((int) dyn > smem_optin || cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) dyn) != cudaSuccess) {
+            (void) cudaGetLastError();
+            printf("%s: %zu bytes of shared memory do not fit (at most %d)\n", what, dyn, smem_optin);
+            return false;
+        }
+        int b = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MK_THREADS, dyn));
+        if (b < 1) {
+            printf("%s: no block fits on an SM\n", what);
+            return false;
+        }
+        return true;
+    };
+    const char * what[4] = { "barriers only", "barriers + staging dependency", "barriers + weights", "barriers + staging + weights" };
+    for (int mode = 0; mode < 4; ++mode) {
+        char buf[128];
+        snprintf(buf, sizeof(buf), "mode %d (%s)", mode, what[mode]);
+        report(buf, run(d_units, np, mode), mode & 2);
+    }
+    // the pipelines that carry the stream across the barriers, with the staging dependency, then without
+    const void * ktiles = (const void *) floor_tiles_kernel;
+    const void * kring  = (const void *) floor_ring_kernel;
+    for (int staging = 1; staging >= 0; --staging) {
+        const int tiles[][2] = { { 3, 2048 }, { 6, 2048 }, { 3, 4096 } };   // NS, TB (3 x 2048: the megakernel's default)
+        for (const auto & c : tiles) {
+            int NS = c[0], TB = c[1];
+            const size_t dyn = (size_t) MK_WARPS*NS*TB;
+            char buf[160];
+            snprintf(buf, sizeof(buf), "tiles NS %d TB %d (%zu KB a block)%s", NS, TB, dyn/1024, staging ? " + staging" : "");
+            if (!fits(ktiles, dyn, buf)) {
+                continue;
+            }
+            void * args[] = { &w, &d_bytes, (void *) &np, &vec, &K, &staging, &NS, &TB, &bar, &sink };
+            report(buf, time_launch(ktiles, args, dyn), true);
+        }
+        const int rings[][2] = { { 16, 4096 }, { 32, 4096 }, { 52, 4096 }, { 26, 8192 } };   // R, CB
+        for (const auto & c : rings) {
+            int R = c[0], CB = c[1];
+            const size_t dyn = floor_ring_head(R) + (size_t) R*CB;
+            char buf[160];
+            snprintf(buf, sizeof(buf), "ring R %d CB %d (%zu KB a block)%s", R, CB, dyn/1024, staging ? " + staging" : "");
+            if (!fits(kring, dyn, buf)) {
+                continue;
+            }
+            void * args[] = { &w, &d_bytes, (void *) &np, &vec, &K, &staging, &R, &CB, &bar, &sink };
+            report(buf, time_launch(kring, args, dyn), true);
+        }
     }
     const float one = run(d_one, 1, 2);
     printf("one phase, every byte: %.1f us, %.0f GB/s (the streaming loop's bandwidth)\n", one, total*16/(one*1e3));

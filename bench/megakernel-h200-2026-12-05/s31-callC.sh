@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# session 30, call C: NOT RUN in session 30 (no device). For the next session, warm, right after s30-callB.sh (it
+# session 31, call C (written in session 30 as "s30-callC.sh"; NOT RUN yet). Warm, right after s31-callA.sh (it
 # reuses that call's build and models):
-#   run(command="bash bench/megakernel-h200-2026-12-05/s30-callC.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"])
+#   run(command="bash bench/megakernel-h200-2026-12-05/s31-callC.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"])
 # ncu of one verify launch of 4 tokens on the E4B-shaped target, the default and the cluster staging
 # (GGML_MK_VAR_CLUSTER_STAGE 0x10000000), CSVs gzipped. Where the samples go per function, here (the same nvcc 13.0):
 #   .venv/bin/python -m harness.cuda_toolkit --nvcc --sass --ncu ncuv-sass-V.csv -I ... megakernel/cuda/mk.cu
@@ -17,6 +17,6 @@ for v in 0 0x10000000; do
     LLAMA_MEGAKERNEL_VARIANT=$v timeout -k 5 $cap bash megakernel/device.sh ncuv > "$W/ncuv-$v.log" 2>&1
     echo "rc=$? at $((SECONDS - t0)) s"; grep -E "Duration|DRAM Throughput|cluster" "$W/ncuv-$v.log" | head -4 | cut -c1-200
     [ -f "$OUT/ncuv-sass.csv" ] && mv "$OUT/ncuv-sass.csv" "$OUT/ncuv-sass-$v.csv" && gzip -f "$OUT/ncuv-sass-$v.csv"
-    cp "$W/ncuv-$v.log" "$OUT/s30C-ncuv-$v.log"
+    cp "$W/ncuv-$v.log" "$OUT/s31C-ncuv-$v.log"
 done
 echo "== done at $((SECONDS - t0)) s"
