@@ -2252,6 +2252,10 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         }
         mx = -INFINITY;
         l  = 0.0f;
+        // the view's strides as locals: each load below is an asm statement with a "memory" clobber, after which fields
+        // read through kv would be loaded again (and every address recomputed from them)
+        const int64_t k_sc = kv.k_sc;
+        const int64_t v_sc = kv.v_sc;
         const char * kb = (const char *) kv.k + hkv*kv.k_sh + 4*lane;
         const char * vb = (const char *) kv.v + hkv*kv.v_sh;
         const int c0 = ch*CH;
@@ -2262,6 +2266,10 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             const float mlane = lane < CPI && c + lane < c1 ? mask[c + lane] : -INFINITY;
             unsigned kr[CPI][NP];
             unsigned vr[CPI][NP];   // plain V: cell j, dims (d, d+1); transposed: [w] cells 2w, 2w+1 of d, [CPI/2 + w] of d+1
+            // cell c + j's rows through running pointers (a 64-bit multiply per cell and stream would hold every cell's
+            // address in registers at once)
+            const char * kp = kb + c*k_sc;
+            const char * vp = vb + c*v_sc + 4*lane;
 #pragma unroll
             for (int j = 0; j < CPI; ++j) {
 #pragma unroll
@@ -2269,20 +2277,24 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                     kr[j][i] = 0;
                     vr[j][i] = 0;
                     if (i < np && c + j < c1) {
-                        kr[j][i] = mk_ldcg_u32((const unsigned *) (kb + (c + j)*kv.k_sc + 128*i));
+                        kr[j][i] = mk_ldcg_u32((const unsigned *) (kp + 128*i));
                         if (!vt) {
-                            vr[j][i] = mk_ldcg_u32((const unsigned *) (vb + (c + j)*kv.v_sc + (2*lane + 64*i)*2));
+                            vr[j][i] = mk_ldcg_u32((const unsigned *) (vp + 128*i));
                         }
                     }
                 }
+                kp += k_sc;
+                vp += v_sc;
             }
             if (vt) {
+                // dimension d = 2*lane + 64*i's row of V at cell c, and d + 1's
+                const int64_t v_sd = kv.v_sd;
+                const char * vd = vb + 2*lane*v_sd + c*v_sc;
 #pragma unroll
-                for (int i = 0; i < NP; ++i) {
+                for (int i = 0; i < NP; ++i, vd += 64*v_sd) {
                     if (i < np) {
-                        const int d = 2*lane + 64*i;
-                        const unsigned * p0 = (const unsigned *) (vb + (size_t) d*kv.v_sd + (size_t) c*kv.v_sc);
-                        const unsigned * p1 = (const unsigned *) (vb + (size_t) (d + 1)*kv.v_sd + (size_t) c*kv.v_sc);
+                        const unsigned * p0 = (const unsigned *) vd;
+                        const unsigned * p1 = (const unsigned *) (vd + v_sd);
                         if (CPI == 8 && vt16 && c % 8 == 0) {
                             // the 8 cells of a dimension in one 16-byte load (the cells past c1 are
                             // inside the cache row and never used)
