@@ -1,22 +1,19 @@
 #!/usr/bin/env bash
-# session 31, call C (written in session 30 as "s30-callC.sh"; NOT RUN yet). Warm, right after s31-callA.sh (it
-# reuses that call's build and models):
-#   run(command="bash bench/megakernel-h200-2026-12-05/s31-callC.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"])
-# ncu of one verify launch of 4 tokens on the E4B-shaped target, the default and the cluster staging
-# (GGML_MK_VAR_CLUSTER_STAGE 0x10000000), CSVs gzipped. Where the samples go per function, here (the same nvcc 13.0):
-#   .venv/bin/python -m harness.cuda_toolkit --nvcc --sass --ncu ncuv-sass-V.csv -I ... megakernel/cuda/mk.cu
-# (session 29: the default's mk_stage_cols 25 % of a verify of 4; the candidate should halve it)
+# session 31, call C (NOT RUN yet): warm, after s31-callA.sh (its build = the working tree with session 31's attention
+# change, commit 0c52c4d: the chunk's K/V rows through running pointers, the same bits). Side A = that build, side B =
+# 7cc176d's megakernel (the attention before), built into the same tree by device.sh's ab stage; tg32 and 256 tokens
+# after the long prompt (where the attention grows), processes a b b a, then block 0's per-phase profile of each side.
+#   here first: rm -rf .dev/mk-base && mkdir -p .dev/mk-base && git archive 7cc176d megakernel | tar -x -C .dev/mk-base
+#   run(command="bash bench/megakernel-h200-2026-12-05/s31-callC.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf", ".dev/mk-base"])
+# Expected: the attention phases ("attention", "attention (global)") shorter on side A, the bits equal (both sides'
+# greedy and verify lines as before); the nvcc SASS said E4B's chunk loop 1200 -> 937 instructions (sliding, head dim
+# 256) and 604 -> 396 (global, 512), with 11 more spill instructions per sliding chunk (NOTES.md session 31)
 set -u
 t0=$SECONDS
 W=/tmp/stq-mk
-[ -x "$W/build/bin/test-mk" ] || { echo "no build: the machine is not call B's"; exit 1; }
-export MK_MODELS=e4b-mtp
-for v in 0 0x10000000; do
-    cap=260; [ $v = 0 ] || cap=$((540 - (SECONDS - t0)))
-    echo "== $(date -u +%T) ncuv (verify launch of 4 tokens), variant $v, cap $cap s"
-    LLAMA_MEGAKERNEL_VARIANT=$v timeout -k 5 $cap bash megakernel/device.sh ncuv > "$W/ncuv-$v.log" 2>&1
-    echo "rc=$? at $((SECONDS - t0)) s"; grep -E "Duration|DRAM Throughput|cluster" "$W/ncuv-$v.log" | head -4 | cut -c1-200
-    [ -f "$OUT/ncuv-sass.csv" ] && mv "$OUT/ncuv-sass.csv" "$OUT/ncuv-sass-$v.csv" && gzip -f "$OUT/ncuv-sass-$v.csv"
-    cp "$W/ncuv-$v.log" "$OUT/s31C-ncuv-$v.log"
-done
-echo "== done at $((SECONDS - t0)) s"
+[ -x "$W/build/bin/test-mk" ] || { echo "no build: the machine is not call A's"; exit 1; }
+[ -f .dev/mk-base/megakernel/cuda/mk-kernel.cuh ] || { echo "no .dev/mk-base: see the header"; exit 1; }
+MK_MODELS=e4b-mtp MK_AB_BASE=.dev/mk-base/megakernel MK_AB_ROUNDS=1 timeout -k 5 570 bash megakernel/device.sh ab \
+    > "$OUT/s31C-ab.log" 2>&1
+echo "== ab rc=$? at $((SECONDS - t0)) s (124/137: timed out)"
+grep -E "^== |^speed|greedy|verify ==|M=1 +attention|kernel" "$OUT/s31C-ab.log" | cut -c1-200 | tail -40
