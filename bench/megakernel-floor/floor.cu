@@ -246,7 +246,10 @@ __global__ void __launch_bounds__(MK_THREADS) floor_ring_kernel(const uint8_t * 
     mk_mbar_init_fence();
     __syncthreads();
     // this block's pieces of phase p: t = blockIdx.x, blockIdx.x + grid, ... (pieces of CB bytes); entry i of the
-    // block's sequence (all phases in order) goes to slot i % R, its (i / R)-th use of the slot
+    // block's sequence (all phases in order) goes to slot i % R, its (i / R)-th use of the slot, and is read by consumer
+    // warp i % (MK_WARPS - 1). R is a multiple of the consumer warps, so each slot has one reader, which waits for the
+    // slot's uses in order: a waiter on an mbarrier's parity must never be a phase ahead of it (a warp waiting for the
+    // second use of a slot whose first has not landed would see the parity as completed)
     auto n_mine = [&](int p) {
         const long long T = floor_pieces(bytes[p], CB);
         return T > blockIdx.x ? (T - blockIdx.x - 1)/gridDim.x + 1 : 0;
@@ -296,7 +299,8 @@ __global__ void __launch_bounds__(MK_THREADS) floor_ring_kernel(const uint8_t * 
             ss = tot;
         }
         const long long n = n_mine(p);
-        for (long long e = warp; e < n; e += MK_WARPS - 1) {
+        const int NCW = MK_WARPS - 1;
+        for (long long e = (warp - (int) (i0 % NCW) + NCW) % NCW; e < n; e += NCW) {   // (i0 + e) % NCW == warp
             const unsigned i = i0 + (unsigned) e, r = i % R, k = i / R;
             floor_mbar_wait(&full[r], k & 1u, 1);
             acc = floor_touch(ring + (size_t) r*CB, floor_piece_bytes(bytes[p], CB, blockIdx.x + e*gridDim.x), acc);
@@ -471,12 +475,17 @@ int main(int argc, char ** argv) {
             void * args[] = { &w, &d_bytes, (void *) &np, &vec, &K, &staging, &NS, &TB, &bar, &sink };
             report(buf, time_launch(ktiles, args, dyn), true);
         }
-        const int rings[][2] = { { 16, 4096 }, { 32, 4096 }, { 52, 4096 }, { 26, 8192 } };   // R, CB
+        // R, CB (R a multiple of the 15 consumer warps: floor_ring_kernel)
+        const int rings[][2] = { { 15, 4096 }, { 30, 4096 }, { 45, 4096 }, { 15, 8192 } };
         for (const auto & c : rings) {
             int R = c[0], CB = c[1];
             const size_t dyn = floor_ring_head(R) + (size_t) R*CB;
             char buf[160];
             snprintf(buf, sizeof(buf), "ring R %d CB %d (%zu KB a block)%s", R, CB, dyn/1024, staging ? " + staging" : "");
+            if (R % (MK_WARPS - 1) != 0) {
+                printf("%s: R is not a multiple of the %d consumer warps (skipped)\n", buf, MK_WARPS - 1);
+                continue;
+            }
             if (!fits(kring, dyn, buf)) {
                 continue;
             }
