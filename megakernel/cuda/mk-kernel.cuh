@@ -222,6 +222,10 @@ enum mk_phase {
     MK_PH_ST_LOAD, //   rms of the pending residual, the loads (+ residual), the norm, the 8-bit rounding,
     MK_PH_ST_NORM, //   the rest
     MK_PH_ST_Q8,
+    MK_PH_AT_CHUNKS, // the attention's block-per-(token, head, group) way (block 0's first unit of each layer): its chunks
+    MK_PH_AT_COMB,   //   (q, K/V loads, online softmax), the group's combine in the block (+ its result out and the
+    MK_PH_AT_GROUPS, //   arrival count), the groups' combine (by the last block of the (token, head) only); the
+                     //   phase's tag (attention, attention (global)) keeps the rest
     MK_PH_STAGE,
     MK_PH_WAIT,    // grid barrier waits (block 0 done until all blocks are)
     MK_PH_COUNT,
@@ -2607,6 +2611,8 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 put(slots + (size_t) (ck - k0)*PS, mx, l, a0, a1);
             }
             __syncthreads();
+            unsigned long long * prof = u == (int) blockIdx.x ? a.prof : nullptr;   // (the profile: block 0's first unit)
+            mk_prof_at(prof, MK_PH_AT_CHUNKS);
             if (!(a.m->debug_flags & GGML_MK_VAR_WARP_COMBINE)) {
                 // the whole block combines (combine_blk: the same bits as warp 0's combine below)
                 float * w = mk_att_scratch();
@@ -2614,15 +2620,19 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 const float acc = combine_blk(slots, k1 - k0, mk_bool<true>(), w, gm, gl);
                 if (ng == 1) {
                     finish_blk(mh, gl, acc);
+                    mk_prof_at(prof, MK_PH_AT_COMB);
                 } else {
                     float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
                     put_blk(part + (size_t) g*PS, gm, gl, acc);
-                    if (arrive_last_blk(mh, ng, w)) {
+                    const bool last = arrive_last_blk(mh, ng, w);
+                    mk_prof_at(prof, MK_PH_AT_COMB);
+                    if (last) {
                         const float acc_g = combine_blk(part, ng, mk_bool<false>(), w, gm, gl);
                         finish_blk(mh, gl, acc_g);
                         if (threadIdx.x == 0) {
                             atomicExch(a.att_cnt + mh, 0u);
                         }
+                        mk_prof_at(prof, MK_PH_AT_GROUPS);
                     }
                 }
             } else if (wb == 0) {

@@ -91,12 +91,14 @@ struct mk_cuda {
 };
 
 // the profile's names of the phases (enum mk_phase)
-static const char * const mk_phase_names[MK_PH_COUNT] = {
+static const char * const mk_phase_names[] = {
     "start", "embedding", "per-layer proj", "per-layer inputs", "q/k/v", "heads (norm, rope, kv)",
     "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head", "attention (global)",
-    "(staging: rms of h)", "(staging: loads)", "(staging: norm)", "(staging: 8-bit)", "(staging: rest)",
+    "(staging: rms of h)", "(staging: loads)", "(staging: norm)", "(staging: 8-bit)",
+    "(attention: chunks)", "(attention: combine)", "(attention: groups)", "(staging: rest)",
     "(barrier waits, all)",
 };
+static_assert(sizeof(mk_phase_names)/sizeof(mk_phase_names[0]) == MK_PH_COUNT, "a name for every phase tag (enum mk_phase)");
 
 static size_t mk_align(size_t n) {
     return (n + 255) & ~(size_t) 255;
