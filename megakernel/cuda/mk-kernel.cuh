@@ -2925,11 +2925,16 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
             }
         }
     };
-    auto run = [&](auto fx) {
+    // in(fx): thread 0 writes the inputs fx() makes for the next mat-vec, before the grid barrier in front of it (the
+    // barrier's block barriers make them seen; the mat-vec before has ended, begin's block barrier is behind every
+    // thread, and no other phase reads s_xin), so that fx()'s loads of the model's fields (global memory) are not on
+    // the path after the barrier; go(): the mat-vec begun last, with those inputs (every call follows a grid barrier)
+    auto in = [&](auto fx) {
         if (threadIdx.x == 0) {
             s_xin[0] = fx();
         }
-        __syncthreads();
+    };
+    auto go = [&]() {
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
         if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
             mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late,
@@ -2946,24 +2951,6 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         };
     };
 
-    if (DRAFT) {
-        mk_draft_inputs(*da, j, md.debug_flags);
-        begin(mk_mv_draft_pre(md.n_layer));
-        mk_grid_sync(a, MK_PH_EMBD);
-        run(plain(da->xh, 2*da->n_embd_bb));
-    }
-    if (ple) {
-        begin(0);
-        mk_grid_sync(a, MK_PH_EMBD);
-        run(plain(xc, n));
-        begin(mk_mv_index(0, MK_MV_QKV));
-        mk_grid_sync(a, MK_PH_PL_PROJ);
-        mk_pl_inputs(a, M);
-    } else {
-        begin(mk_mv_index(0, MK_MV_QKV));
-    }
-    mk_grid_sync(a, ple ? MK_PH_PL_IN : MK_PH_EMBD);
-
     // the residual step still to apply: x = (x + h*rms(h)*res_nw)*res_scale, done by the next staging
     const float * res_nw = nullptr;
     float res_scale = 1.0f;
@@ -2971,19 +2958,41 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, res_nw ? a.h : nullptr, res_nw, res_scale, xn, nw, nw_out };
         return xi;
     };
-    auto res_applied = [&]() {
+    // the inputs of a mat-vec that applies the pending residual step (in(xin_res(..))), then the stream is the new one
+    auto in_res = [&](const float * nw, float * nw_out = nullptr) {
+        in([&]() { return xin_res(nw, nw_out); });
         if (res_nw) {
             float * t = xc; xc = xn; xn = t;
             res_nw = nullptr;
         }
     };
 
+    if (DRAFT) {
+        mk_draft_inputs(*da, j, md.debug_flags);
+        begin(mk_mv_draft_pre(md.n_layer));
+        in(plain(da->xh, 2*da->n_embd_bb));
+        mk_grid_sync(a, MK_PH_EMBD);
+        go();
+    }
+    if (ple) {
+        begin(0);
+        in(plain(xc, n));
+        mk_grid_sync(a, MK_PH_EMBD);
+        go();
+        begin(mk_mv_index(0, MK_MV_QKV));
+        mk_grid_sync(a, MK_PH_PL_PROJ);
+        mk_pl_inputs(a, M);
+    } else {
+        begin(mk_mv_index(0, MK_MV_QKV));
+    }
+    in_res(md.layers[0].attn_norm);
+    mk_grid_sync(a, ple ? MK_PH_PL_IN : MK_PH_EMBD);
+
     for (int il = 0; il < md.n_layer; ++il) {
         const ggml_mk_layer & L = md.layers[il];
 
-        // Q, K, V of rmsnorm(x) * attn_norm
-        run([&]() { return xin_res(L.attn_norm); });
-        res_applied();
+        // Q, K, V of rmsnorm(x) * attn_norm (its inputs put before the barrier above)
+        go();
         begin(mk_mv_index(il, MK_MV_O));
         mk_grid_sync(a, MK_PH_QKV);
 
@@ -3007,51 +3016,61 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
                 mk_attention<GGML_MK_MAX_HEAD_DIM/64, false>(a, il, M, xs);
             }
         }
+        in(plain(a.att, md.max_q));
         mk_grid_sync(a, L.is_swa ? MK_PH_ATTN : MK_PH_ATTN_G);
 
-        run(plain(a.att, md.max_q));
+        go();   // O
         begin(mk_mv_index(il, MK_MV_FFN));
-        mk_grid_sync(a, MK_PH_WO);
         res_nw = L.attn_post_norm;
         res_scale = 1.0f;
-
         // gelu(gate) * up of rmsnorm(x) * ffn_norm, after the attention residual
-        run([&]() { return xin_res(L.ffn_norm); });
-        res_applied();
+        in_res(L.ffn_norm);
+        mk_grid_sync(a, MK_PH_WO);
+
+        go();   // gate/up
         begin(mk_mv_index(il, MK_MV_DOWN));
+        in(plain(a.g, md.max_ff));
         mk_grid_sync(a, MK_PH_FFN);
 
-        run(plain(a.g, md.max_ff));
+        go();   // down
         res_nw = L.ffn_post_norm;
         res_scale = ple ? 1.0f : L.out_scale;
 
         if (ple) {
             begin(mk_mv_index(il, MK_MV_PL_GATE));
+            in_res(nullptr);
             mk_grid_sync(a, MK_PH_DOWN);
-            run([&]() { return xin_res(nullptr); });
-            res_applied();
+            go();   // per-layer gate
             begin(mk_mv_index(il, MK_MV_PL_PROJ));
-            mk_grid_sync(a, MK_PH_PL_GATE);
-            run([&]() {
+            in([&]() {
                 mk_xin xi = { MK_X_GEGLU, a.pl_g, md.n_embd_pl, a.pl_in + il*md.n_embd_pl, a.n_pl_all,
                               nullptr, nullptr, 1.0f, nullptr, nullptr, nullptr };
                 return xi;
             });
+            mk_grid_sync(a, MK_PH_PL_GATE);
+            go();   // per-layer proj
             res_nw = L.pl_post_norm;
             res_scale = L.out_scale;
         }
         begin(il + 1 < md.n_layer ? mk_mv_index(il + 1, MK_MV_QKV) : mk_mv_count(md.n_layer) - 1);
+        // the next layer's Q, K, V inputs; after the last layer the LM head's: rmsnorm(x) * output_norm after the last
+        // residual (also to a.h_out when the host wants the hidden states, an MTP draft's)
+        if (il + 1 < md.n_layer) {
+            in_res(md.layers[il + 1].attn_norm);
+        } else {
+            in_res(md.output_norm, a.h_out);
+        }
         mk_grid_sync(a, ple ? MK_PH_PL_LAYER : MK_PH_DOWN);
     }
 
-    // LM head of rmsnorm(x) * output_norm after the last residual, final softcap; its inputs also to a.h_out when the
-    // host wants the hidden states (an MTP draft's)
-    run([&]() { return xin_res(md.output_norm, a.h_out); });
+    // LM head, final softcap
+    go();
     if (DRAFT) {
         // h_next = post*n (n: the LM head's inputs, a.h_out), the draft = the argmax of the logits
         begin(mk_mv_draft_post(md.n_layer, j));
+        in(plain(a.h_out, n));
         mk_grid_sync(a, MK_PH_LM_HEAD);
-        run(plain(a.h_out, n));
+        go();
         mk_draft_pick(a, *da, j);
         mk_grid_sync(a, MK_PH_LM_HEAD);
         return;
