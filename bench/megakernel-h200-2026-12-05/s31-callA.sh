@@ -9,7 +9,7 @@
 #    ring's floor is far below the tiles' (session 24's plain floor: 1683 us = 594 tok/s), the >= 920 tok/s goal needs
 #    that producer/consumer form; if not, no weight pipeline reaches it on this GPU with a grid barrier per phase.
 #    A --quick smoke run first (a bug in the pipelines traps after a bounded wait instead of holding the call).
-# 2. a verify batch (2..8 tokens) staged over clusters of 2 blocks (GGML_MK_VAR_CLUSTER_STAGE 0x10000000, the candidate,
+# 2. (beside the floor's compile, and after the floor) a verify batch (2..8 tokens) staged over clusters of 2 blocks (GGML_MK_VAR_CLUSTER_STAGE 0x10000000, the candidate,
 #    off by default) against the default, test-mk checks + verify cost, processes in the order default, candidate,
 #    candidate, default, as many as the call's time allows (call B runs the rest); the candidate's processes check
 #    verify == decode bitwise M = 2..8 with the clustered launches (a line "llama_mk: ... cluster" says whether it ran
@@ -25,10 +25,23 @@ echo "== build + models rc=$rc at $((SECONDS - t0)) s"
 grep -E "^== |error" "$OUT/s31A-build.log" | tail -4
 [ $rc -eq 0 ] || exit 1
 
+# the floor's nvcc compile (it includes the whole kernel: ~1-2 min on one core) runs beside the first verify processes
 PYTHONPATH=$W/src/gguf-py python3 bench/megakernel-floor/phases.py "$M/e4b-mtp.gguf" > "$OUT/phases-e4b.txt" 2> "$OUT/phases-e4b.err"
 tail -1 "$OUT/phases-e4b.err"
 nvcc -std=c++17 -O3 -arch=sm_90 -I$W/src/ggml/src -I$W/src/ggml/include -Imegakernel -Imegakernel/cuda \
-    bench/megakernel-floor/floor.cu -o $W/floor > "$OUT/s31A-floor-build.log" 2>&1
+    bench/megakernel-floor/floor.cu -o $W/floor > "$OUT/s31A-floor-build.log" 2>&1 &
+floor_pid=$!
+
+verify() {   # process $1 of the order, variant $2
+    LLAMA_MEGAKERNEL_VARIANT=$2 timeout 70 "$B/test-mk" -m "$M/e4b-mtp.gguf" -n 16 --rounds 1 --bench-n 32 --max-nmse 10 \
+        --max-disagree 100 --verify-cost > "$OUT/s31A-verify-$1-$2.log" 2>&1
+    echo "== $1 variant $2 rc=$? at $((SECONDS - t0)) s"
+    grep -E "NMSE|greedy|verify ==|verify cost \(mega|test-mk:|cluster|variant|FAIL" "$OUT/s31A-verify-$1-$2.log" | cut -c1-200 | tail -7
+}
+verify 1 0
+verify 2 0x10000000
+
+wait $floor_pid
 echo "== floor built rc=$? at $((SECONDS - t0)) s"; grep -E "error" "$OUT/s31A-floor-build.log" | head -5
 if [ -x $W/floor ] && [ -s "$OUT/phases-e4b.txt" ]; then
     timeout 40 $W/floor --phases "$OUT/phases-e4b.txt" --k 2560 --quick > "$OUT/s31A-floor-quick.log" 2>&1
@@ -40,13 +53,9 @@ if [ -x $W/floor ] && [ -s "$OUT/phases-e4b.txt" ]; then
     fi
 fi
 
-i=0
-for v in 0 0x10000000 0x10000000 0; do
-    i=$((i + 1))
-    [ "$(left)" -lt 80 ] && { echo "== verify process $i ($v) and later: no time left, call B runs them"; break; }
-    LLAMA_MEGAKERNEL_VARIANT=$v timeout 70 "$B/test-mk" -m "$M/e4b-mtp.gguf" -n 16 --rounds 1 --bench-n 32 --max-nmse 10 \
-        --max-disagree 100 --verify-cost > "$OUT/s31A-verify-$i-$v.log" 2>&1
-    echo "== $i variant $v rc=$? at $((SECONDS - t0)) s"
-    grep -E "NMSE|greedy|verify ==|verify cost \(mega|test-mk:|cluster|variant|FAIL" "$OUT/s31A-verify-$i-$v.log" | cut -c1-200 | tail -7
+for i in 3 4; do
+    v=0x10000000; [ $i = 4 ] && v=0
+    [ "$(left)" -lt 80 ] && { echo "== verify process $i ($v) and later: no time left, call B runs them (MK_VERIFY_FROM=$i)"; break; }
+    verify $i $v
 done
 echo "== done at $((SECONDS - t0)) s"
