@@ -175,10 +175,11 @@ struct ggml_mk_model {
                                               // stride of 64 or 128 bytes, every lane on the same shared-memory banks, and
                                               // rows of 256 values on 8 lanes), not 4 consecutive values per lane (the warp
                                               // reads the tile in order); other bits: a lane's sums
-#define GGML_MK_VAR_CLUSTER_STAGE     0x10000000 // (candidate, off until measured on the H200) a verify batch of 2..8 tokens
-                                              // staged over clusters of 2 blocks (CUDA, sm_90: each block of the pair
-                                              // stages every other column into its own and its partner's shared memory,
-                                              // not every column alone); the same bits
+#define GGML_MK_VAR_NO_CLUSTER_STAGE  0x10000000 // (before) a verify batch of 2..8 tokens staged whole in every block, not
+                                              // over clusters of 2 blocks (CUDA, sm_90: each block of the pair stages
+                                              // every other column into its own and its partner's shared memory); the
+                                              // same bits. The pairs: verify of 2..5 tokens 0.93-0.94x the launch (H100,
+                                              // NOTES.md session 31)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -177,10 +177,11 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "0x6000000": ["--variant", "0x6000000", "--vs-default"], "0x8000000": ["--variant", "0x8000000"],
             "wide-verify": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default"],
             "wide-verify-big": ["--verify", "2,3,5,8", "--variant", "0x800000", "--vs-default", "--smem", "227000", "--stages", "8"],
-            # verify batches of 2..8 tokens staged over clusters of 2 blocks (0x10000000, GGML_MK_VAR_CLUSTER_STAGE, on an
-            # even grid) against the default's staging whole in every block; two clusters with a slow block
+            # 0x10000000 (GGML_MK_VAR_NO_CLUSTER_STAGE, before): verify batches of 2..8 tokens staged whole in every block
+            # against the default's, staged over clusters of 2 blocks on an even grid (the default runs do so too: 2
+            # blocks); two clusters with a slow block
             "0x10000000": ["--verify", "2,3,4,5,8", "--variant", "0x10000000", "--vs-default"],
-            "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5", "--variant", "0x10000000"]}
+            "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -199,12 +200,12 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     if "--vs-default" in args:
         n_steps = 18 + len(verify_m)   # (18 one-token steps, then the verify steps)
         assert re.search(rf"^OK variant 0x\w+ == default kernel bitwise .*: 0 of {n_steps} steps differ", r.stdout, re.M), r.stdout
-    # the verify steps ran as clusters of 2 blocks wherever they should (mk_step_cl: 0x10000000, an even grid, a staging
+    # the verify steps ran as clusters of 2 blocks wherever they should (mk_step_cl: not 0x10000000, an even grid, a staging
     # that splits: not steps of 2..4 tokens under 0x800000 without 0x400000), and no other step did
     blocks = int(args[args.index("--blocks") + 1]) if "--blocks" in args else 2
     var = int(args[args.index("--variant") + 1], 0) if "--variant" in args else 0
     item = bool(var & 0x800000) and not var & 0x400000
-    want = sum(m >= 2 and not (m <= 4 and item) for m in verify_m) if blocks % 2 == 0 and var & 0x10000000 else 0
+    want = sum(m >= 2 and not (m <= 4 and item) for m in verify_m) if blocks % 2 == 0 and not var & 0x10000000 else 0
     n_cl = re.search(r"^steps staged over clusters of 2 blocks \(mk_step_cl\): (\d+)", r.stdout, re.M)
     assert n_cl and int(n_cl.group(1)) == want, r.stdout
     packed = re.search(r"^kernel: (\d+) of (\d+) mat-vec jobs in tiles of several rows \(up to (\d+)\)", r.stdout, re.M)

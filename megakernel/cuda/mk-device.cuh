@@ -122,7 +122,7 @@ static __device__ __forceinline__ unsigned mk_ld_acquire(const unsigned * p) {
     return v;
 }
 
-// thread block clusters (sm_90+; with GGML_MK_VAR_CLUSTER_STAGE the host launches a verify batch's grid as clusters of
+// thread block clusters (sm_90+; unless GGML_MK_VAR_NO_CLUSTER_STAGE the host launches a verify batch's grid as clusters of
 // 2 blocks, consecutive block indices, mk_step_cl): the blocks in this block's cluster (1 in a launch without clusters), this block's rank in it,
 // the cluster barrier (every thread of every block of the cluster; release / acquire: the shared-memory stores made
 // before it into any block of the cluster are seen after it), and a store of v to the place of shared variable p in

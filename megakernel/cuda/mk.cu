@@ -273,10 +273,10 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     if (const char * e = getenv("LLAMA_MEGAKERNEL_GRID"); e && atoi(e) > 0) {
         mk->grid = std::min(mk->grid, atoi(e));
     }
-    // clusters of 2 blocks for verify batches (GGML_MK_VAR_CLUSTER_STAGE; the decode/verify kernel, not the fused
+    // clusters of 2 blocks for verify batches (unless GGML_MK_VAR_NO_CLUSTER_STAGE; the decode/verify kernel, not the fused
     // draft's): only where the device holds the whole grid as pairs at once, since every block waits for every other at
     // the grid barriers
-    if (!d && cc_major >= 9 && mk->grid % 2 == 0 && (model->debug_flags & GGML_MK_VAR_CLUSTER_STAGE)) {
+    if (!d && cc_major >= 9 && mk->grid % 2 == 0 && !(model->debug_flags & GGML_MK_VAR_NO_CLUSTER_STAGE)) {
         cudaLaunchAttribute at[2];
         const cudaLaunchConfig_t cfg = mk_cluster_config(mk, 2, false, at);
         int n_cl = 0;

@@ -12,7 +12,7 @@
 // `--vs-default` (with --variant): every step also runs the default kernel (no variant bits) on a second set of KV caches;
 // logits, hidden rows and both caches must be bitwise equal after every step (what test-mk --variant checks on a GPU).
 // `--verify M,M,...`: the verify steps checked (4 by default; each M <= 8).
-// `--blocks N`: the grid (2 by default; with variant 0x10000000 an even grid runs a verify step of 2..4 tokens as clusters
+// `--blocks N`: the grid (2 by default; an even grid runs a verify step of 2..8 tokens as clusters (not with variant 0x10000000)
 // of 2 blocks, as an sm_90 GPU does: mk_step_cl). `--slow-block B`: block B runs only every 8th pass of the emulation's scheduler,
 // so the others run ahead of it up to the next barrier they share.
 // `--gemma3`: the other shape of the plan (mk_ref.h: Q scaled after rope, no V norm, V = K projection on the global layer,
@@ -178,7 +178,7 @@ int main(int argc, char ** argv) {
         }
         a.bulk = (M_.debug_flags & GGML_MK_VAR_CP_ASYNC) ? 0 : 1;   // (as ggml_cuda_mk_create on an sm_90 device)
         emu_bulk_engine = a.bulk != 0;   // (0x2000: as an sm_80..89 device, which has no bulk copy engine)
-        // clusters of 2 blocks for a small verify batch (GGML_MK_VAR_CLUSTER_STAGE), as ggml_cuda_mk_eval on an sm_90
+        // clusters of 2 blocks for a verify batch (unless GGML_MK_VAR_NO_CLUSTER_STAGE), as ggml_cuda_mk_eval on an sm_90
         // device (mk_step_cl)
         const int cl = mk_step_cl(M, M_.debug_flags, n_blocks, true);
         n_cl_steps += cl > 1 && set == 0;

@@ -6,7 +6,7 @@
 // columns. Every staged byte (values xs, 8-bit records xq) and the rows block 0 writes (res_out, nw_out) must be equal
 // bitwise, and group g's record must sit where the mat-vec reads it (mk_rec_slot: its d from group g's staged values).
 // The same for mk_stage_cols and for the any-batch mk_stage<MK_M> split over a cluster of 2 blocks (a launch in clusters of
-// 2, GGML_MK_VAR_CLUSTER_STAGE: each block stages every other column into both blocks' shared memory): both blocks'
+// 2, the default on sm_90 unless GGML_MK_VAR_NO_CLUSTER_STAGE: each block stages every other column into both blocks' shared memory): both blocks'
 // staged bytes and the rows written == mk_stage's.
 // Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
