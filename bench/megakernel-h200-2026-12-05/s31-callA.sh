@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# session 31, call A (written in session 30 as "s30-callB.sh", never run: that session's device lending stopped; session
-# 31 had no device either and added the floor's pipelines). For the first call of a session with a device (cold):
+# session 31, call A (written in session 30 as "s30-callB.sh"; session 31 added the floor's pipelines). RAN 10:07 UTC on
+# an H100 (run(..., kind="nvidia-h100-x1")): NOTES.md "Session 31", logs in s31/. As first call of a session (cold):
 #   run(command="bash bench/megakernel-h200-2026-12-05/s31-callA.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"],
 #       timeout_s=600)
 # 1. issue 12's design question: bench/megakernel-floor/floor.cu on the E4B phase list, with its two pipelines that carry
@@ -10,7 +10,7 @@
 #    that producer/consumer form; if not, no weight pipeline reaches it on this GPU with a grid barrier per phase.
 #    A --quick smoke run first (a bug in the pipelines traps after a bounded wait instead of holding the call).
 # 2. (beside the floor's compile, and after the floor) a verify batch (2..8 tokens) staged over clusters of 2 blocks (GGML_MK_VAR_CLUSTER_STAGE 0x10000000, the candidate,
-#    off by default) against the default, test-mk checks + verify cost, processes in the order default, candidate,
+#    off by default when this ran; since a1f2672 the default, and 0x10000000 means the unclustered staging) against the default, test-mk checks + verify cost, processes in the order default, candidate,
 #    candidate, default, as many as the call's time allows (call B runs the rest); the candidate's processes check
 #    verify == decode bitwise M = 2..8 with the clustered launches (a line "llama_mk: ... cluster" says whether it ran
 #    clustered or fell back)

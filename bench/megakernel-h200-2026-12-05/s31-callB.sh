@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# session 31, call B: warm, right after s31-callA.sh (reuses its build and models; NOT RUN yet):
+# session 31, call B: warm, right after s31-callA.sh (reuses its build and models). Its draft part ran in session 31; its
+# e2e failed there (call A builds no llama-server): it now builds llama-server first when missing:
 #   run(command="bash bench/megakernel-h200-2026-12-05/s31-callB.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"],
 #       timeout_s=600)
 # 1. the verify processes call A had no time for, so that the order default, candidate, candidate, default is whole
-#    (GGML_MK_VAR_CLUSTER_STAGE 0x10000000 vs the default): call A's output says "verify process N ... no time left";
+#    (0x10000000 vs the default; the cluster candidate when written, the unclustered staging since a1f2672): call A's output says "verify process N ... no time left";
 #    pass MK_VERIFY_FROM=N (e.g. run(command="MK_VERIFY_FROM=3 bash ...")); without it all four run
 # 2. the fused draft launch for k = 2 (test-mk-draft --fused), for issue 14's k = 2 step (draft + verify of 3)
 # 3. end to end through llama-server, k = 2 at noise 38 (~0.75 accepted on E4B), megakernel vs graph, if time is left
@@ -26,6 +27,8 @@ done
 timeout 40 "$B/test-mk-draft" -m "$M/e4b-mtp.gguf" -md "$M/e4b-mtp-assistant.gguf" --fused -k 2 -n 8 > "$OUT/s31B-draft.log" 2>&1
 echo "== draft rc=$? at $((SECONDS - t0)) s"
 grep -E "fused|draft launch|us|agree|==" "$OUT/s31B-draft.log" | grep -v "^llama\|^load" | cut -c1-200 | tail -6
+[ -x "$B/llama-server" ] || { MK_TARGETS="llama-bench llama-server" bash megakernel/device.sh build > "$OUT/s31B-build.log" 2>&1;
+    echo "== llama-server built rc=$? at $((SECONDS - t0)) s"; }
 cap=$(( $(left) )); [ $cap -lt 60 ] && { echo "== no time for e2e"; exit 0; }
 echo "== $(date -u +%T) e2e k 2, noise 38, cap $cap s"
 MK_E2E_MODEL=e4b-mtp MK_E2E_ARGS="--k 2 --rounds 2 -n 128 --noise 38" timeout -k 5 $cap bash megakernel/device.sh e2e > "$OUT/s31B-e2e.log" 2>&1

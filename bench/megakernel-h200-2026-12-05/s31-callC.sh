@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 31, call C (NOT RUN yet): warm, after s31-callA.sh (its build = the working tree with session 31's attention
+# session 31, call C (RAN 10:13 UTC on an H100: NOTES.md "Session 31", s31/s31C-ab.log): warm, after s31-callA.sh (its build = the working tree with session 31's attention
 # change, commit 0c52c4d: the chunk's K/V rows through running pointers, the same bits). Side A = that build, side B =
 # 7cc176d's megakernel (the attention before), built into the same tree by device.sh's ab stage; tg32 and 256 tokens
 # after the long prompt (where the attention grows), processes a b b a, then block 0's per-phase profile of each side.

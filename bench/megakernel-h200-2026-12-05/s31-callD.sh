@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# session 31, call D (written in session 30 as "s30-callC.sh"; NOT RUN yet). Warm, right after s31-callA.sh (it
+# session 31, call D (written in session 30 as "s30-callC.sh"; NOT RUN yet; since a1f2672 the clusters are the default
+# and 0x10000000 the unclustered staging, so the two runs below still compare the two ways). Warm, right after s31-callA.sh (it
 # reuses that call's build and models):
 #   run(command="bash bench/megakernel-h200-2026-12-05/s31-callD.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"])
 # ncu of one verify launch of 4 tokens on the E4B-shaped target, the default and the cluster staging
-# (GGML_MK_VAR_CLUSTER_STAGE 0x10000000), CSVs gzipped. Where the samples go per function, here (the same nvcc 13.0):
+# (since a1f2672 the default; 0x10000000 = GGML_MK_VAR_NO_CLUSTER_STAGE, staged whole in every block), CSVs gzipped. Where the samples go per function, here (the same nvcc 13.0):
 #   .venv/bin/python -m harness.cuda_toolkit --nvcc --sass --ncu ncuv-sass-V.csv -I ... megakernel/cuda/mk.cu
-# (session 29: the default's mk_stage_cols 25 % of a verify of 4; the candidate should halve it)
+# (session 29: the unclustered mk_stage_cols 25 % of a verify of 4; the clusters should halve it)
 set -u
 t0=$SECONDS
 W=/tmp/stq-mk
