@@ -2944,9 +2944,9 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
                             s_fe[threadIdx.x / WARP_SIZE]);
         }
     };
-    auto plain = [&](const float * in, int ld) {
+    auto plain = [&](const float * src, int ld) {
         return [=]() {
-            mk_xin xi = { MK_X_PLAIN, in, ld, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr, nullptr };
+            mk_xin xi = { MK_X_PLAIN, src, ld, nullptr, 0, nullptr, nullptr, 1.0f, nullptr, nullptr, nullptr };
             return xi;
         };
     };
