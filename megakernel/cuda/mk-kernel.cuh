@@ -194,6 +194,9 @@ struct mk_args {
     int xq_bytes;   //   ns weight stages per warp
     int ns;
     int bulk;       // 1: weight tiles through the bulk copy engine (sm_90+), 0: 16-byte cp.async per lane
+    int flags;      // the model's debug_flags (GGML_MK_VAR_*, GGML_MK_DEBUG_*): the kernel reads them here, in its shared
+                    //   copy of the arguments, not through m (after a grid barrier's acquire, a load from global memory
+                    //   is an L2 round trip, and the checks sit next to the barriers: before arriving, after leaving)
 };
 
 // the cluster size a launch of M tokens runs with (the kernel reads it from the launch: mk_cluster_size): unless
@@ -272,7 +275,7 @@ MK_DEVICE_FN void mk_grid_arrive_wait(unsigned * bar, unsigned long long * gprof
 MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
     __syncthreads();
     mk_prof(a, tag);
-    if (a.m->debug_flags & GGML_MK_DEBUG_NO_GRID_BARRIER) {
+    if (a.flags & GGML_MK_DEBUG_NO_GRID_BARRIER) {
         return; // planted bug for the tests: phases race
     }
     if (threadIdx.x == 0) {
@@ -2189,7 +2192,7 @@ static_assert(GGML_MK_MAX_HEAD_DIM <= MK_THREADS, "the block-wide combine: one t
 // fit (out of line: the kernel body keeps its registers)
 MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
     const ggml_mk_layer & L = a.m->layers[il];
-    return !(a.m->debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
+    return !(a.flags & GGML_MK_VAR_DEVICE_ATT) &&
            mk_fold_plan(L, M, a.st->n_ch[L.is_swa ? 1 : 0], a.m->max_head_dim, a.xs_bytes + a.xq_bytes).fits;
 }
 
@@ -2561,7 +2564,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         }
     };
     // the groups (GGML_MK_VAR_ONE_GROUP: the whole list as one, the attention before the groups)
-    const bool one_group = !FOLD && (a.m->debug_flags & GGML_MK_VAR_ONE_GROUP);
+    const bool one_group = !FOLD && (a.flags & GGML_MK_VAR_ONE_GROUP);
     const uint16_t grp1[2] = { 0, (uint16_t) nch };
     const int ng = one_group ? 1 : st.n_grp[cache];
     const uint16_t * grp = one_group ? grp1 : st.grp[cache];
@@ -2613,7 +2616,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             __syncthreads();
             unsigned long long * prof = u == (int) blockIdx.x ? a.prof : nullptr;   // (the profile: block 0's first unit)
             mk_prof_at(prof, MK_PH_AT_CHUNKS);
-            if (!(a.m->debug_flags & GGML_MK_VAR_WARP_COMBINE)) {
+            if (!(a.flags & GGML_MK_VAR_WARP_COMBINE)) {
                 // the whole block combines (combine_blk: the same bits as warp 0's combine below)
                 float * w = mk_att_scratch();
                 float gm, gl;
@@ -2909,7 +2912,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     // begin(idx): every warp issues its first weight tiles of mat-vec idx (mk_mv_index; typically before the
     // barrier that precedes it; late: run does, after the staging); run(fx): thread 0 writes the inputs fx() makes,
     // then the mat-vec begun last
-    const bool late = (md.debug_flags & GGML_MK_VAR_LATE_BEGIN) != 0;
+    const bool late = (a.flags & GGML_MK_VAR_LATE_BEGIN) != 0;
     auto begin = [&](int idx) {
         // (the mat-vec before has ended: its last barrier is behind every thread)
         static_assert(sizeof(mk_mvr) % sizeof(unsigned) == 0, "mk_mvr is copied in words");
@@ -2936,7 +2939,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     };
     auto go = [&]() {
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
-        if (M == 1 && !(a.m->debug_flags & GGML_MK_VAR_GENERIC_M)) {
+        if (M == 1 && !(a.flags & GGML_MK_VAR_GENERIC_M)) {
             mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late,
                          s_fe[threadIdx.x / WARP_SIZE]);
         } else {   // (2..MK_MC_SMALL tokens: mk_mv_run<MK_M> calls the code made for them)
@@ -2968,7 +2971,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     };
 
     if (DRAFT) {
-        mk_draft_inputs(*da, j, md.debug_flags);
+        mk_draft_inputs(*da, j, a.flags);
         begin(mk_mv_draft_pre(md.n_layer));
         in(plain(da->xh, 2*da->n_embd_bb));
         mk_grid_sync(a, MK_PH_EMBD);
@@ -2999,7 +3002,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         // Q/K/V norms, rope, the new K/V rows into the cache: a phase of their own, or (variant GGML_MK_VAR_FOLD_HEADS, where
         // the attention takes its block-per-(token, head) way and the fold fits: mk_fold_plan) done by the attention's
         // blocks themselves, one grid barrier less
-        const bool fold = (md.debug_flags & GGML_MK_VAR_FOLD_HEADS) && mk_fold_on(a, il, M);
+        const bool fold = (a.flags & GGML_MK_VAR_FOLD_HEADS) && mk_fold_on(a, il, M);
         if (!fold) {
             mk_heads(a, il, M, xs);
             mk_grid_sync(a, MK_PH_HEADS);
@@ -3008,11 +3011,11 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         if (fold) {
             mk_attention_fold(a, il, M, xs);
         } else if (L.head_dim <= 256) {
-            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
+            if ((a.flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
                 mk_attention<4, false>(a, il, M, xs);
             }
         } else {
-            if ((md.debug_flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true>(a, il, M, xs)) {
+            if ((a.flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true>(a, il, M, xs)) {
                 mk_attention<GGML_MK_MAX_HEAD_DIM/64, false>(a, il, M, xs);
             }
         }
