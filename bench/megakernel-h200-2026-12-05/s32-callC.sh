@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 32, call C (cold): run(command="bash bench/megakernel-h200-2026-12-05/s32-callA.sh",
+# session 32, call C (cold): run(command="bash bench/megakernel-h200-2026-12-05/s32-callC.sh",
 #   carry=[".dev/cuda", ".dev/mk/tokenizer.gguf", ".dev/mk-base"], timeout_s=600)
 # Issue 12: each block copies the layer's plan (ggml_mk_layer) and K/V view into its shared memory by cp.async while
 # the layer's Q/K/V mat-vec runs (mk_lay_fetch), and the heads phase, the attention and the kernel body read them there,
@@ -8,7 +8,7 @@
 # shared arguments). device.sh's ab stage as in call A.
 set -u
 t0=$SECONDS
-export MK_TARGETS="llama-bench llama-server" MK_MODELS="e4b-mtp"
+export MK_TARGETS="llama-bench" MK_MODELS="e4b-mtp"
 bash megakernel/device.sh build models > "$OUT/s32C-build.log" 2>&1
 rc=$?
 echo "== build + models rc=$rc at $((SECONDS - t0)) s"
