@@ -4,7 +4,8 @@
 # Issue 12: each block copies the layer's plan (ggml_mk_layer) and K/V view into its shared memory by cp.async while
 # the layer's Q/K/V mat-vec runs (mk_lay_fetch), and the heads phase, the attention and the kernel body read them there,
 # not from global memory after the barrier (every warp of every block asking for the same lines at the same moment).
-# Same bits. Side A = this tree, side B = .dev/mk-base = git archive of fba22dc (call A's candidate, the flags in the
+# And the residual stream's bookkeeping (xc, xn, the pending step's norm and scale) in thread 0's shared struct, not in
+# every thread's registers through the layers (decode body spills 110 -> 83). Same bits. Side A = this tree, side B = .dev/mk-base = git archive of fba22dc (call A's candidate, the flags in the
 # shared arguments). device.sh's ab stage as in call A.
 set -u
 t0=$SECONDS

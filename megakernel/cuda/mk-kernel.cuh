@@ -170,6 +170,15 @@ struct mk_lay {
 };
 static_assert(sizeof(ggml_mk_layer) % 8 == 0 && sizeof(ggml_mk_kv_view) % 8 == 0, "mk_lay_fetch copies 8 bytes a thread");
 
+// the kernel body's residual stream (thread 0's, in shared memory): xc the stream now, xn where the next residual step
+// writes it, nw/scale the step still to apply (x = (x + h*rms(h)*nw)*scale; nw NULL: none)
+struct mk_res {
+    float       * xc;
+    float       * xn;
+    const float * nw;
+    float         scale;
+};
+
 struct mk_args {
     const ggml_mk_model * m;     // device copy of the plan
     const mk_dstep      * st;    // device copy of the step
@@ -2907,9 +2916,11 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     MK_SHARED(mk_bulk, s_bulk, MK_WARPS);   // per warp: the mbarriers of its bulk copies (mk_args.bulk)
     MK_SHARED(mk_it,   s_fe, MK_WARPS);     // per warp: where its fetches of the mat-vec begun last go on (mk_mv_begin)
     MK_SHARED(mk_lay,  s_lay, 2);           // layer il's plan and K/V view in [il % 2] (mk_lay_fetch)
+    MK_SHARED(mk_res,  s_res, 1);           // the residual stream's bookkeeping, thread 0's (in(fx) below)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
         s_a[0].lay = s_lay;
+        s_res[0] = { ka.xb[0], ka.xb[1], nullptr, 1.0f };
     }
     if (j == 0 && ka.bulk && threadIdx.x < MK_WARPS*ka.ns) {
         mk_mbar_init(&s_bulk[threadIdx.x / ka.ns].bar[threadIdx.x % ka.ns]);   // (the stages in use)
@@ -2933,15 +2944,13 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     const int M = a.st->n_tokens;
     const int n = md.n_embd;
     const float eps = md.norm_eps;
-    float * xc = a.xb[0];   // the residual stream now
-    float * xn = a.xb[1];   // where the next residual step writes it
     mk_prof(a, MK_PH_START);
 
     // x = token embedding * sqrt(n_embd) (a draft step: pre*concat(x, h), below)
     if (!DRAFT) {
         const int tid = blockIdx.x*MK_THREADS + threadIdx.x;
         for (int i = tid; i < M*n; i += gridDim.x*MK_THREADS) {
-            xc[i] = a.embd[i]*md.embd_scale;
+            a.xb[0][i] = a.embd[i]*md.embd_scale;   // (the residual stream starts in xb[0]: s_res)
         }
     }
 
@@ -2992,20 +3001,26 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         };
     };
 
-    // the residual step still to apply: x = (x + h*rms(h)*res_nw)*res_scale, done by the next staging
-    const float * res_nw = nullptr;
-    float res_scale = 1.0f;
-    auto xin_res = [&](const float * nw, float * nw_out = nullptr) {
-        mk_xin xi = { MK_X_PLAIN, xc, n, nullptr, 0, res_nw ? a.h : nullptr, res_nw, res_scale, xn, nw, nw_out };
-        return xi;
-    };
-    // the inputs of a mat-vec that applies the pending residual step (in(xin_res(..))), then the stream is the new one
-    auto in_res = [&](const float * nw, float * nw_out = nullptr) {
-        in([&]() { return xin_res(nw, nw_out); });
-        if (res_nw) {
-            float * t = xc; xc = xn; xn = t;
-            res_nw = nullptr;
+    // the residual step still to apply: x = (x + h*rms(h)*nw)*scale, done by the next staging (s_res: xc the stream now,
+    // xn where the next residual step writes it). Only thread 0 keeps it, in shared memory: the other threads carry none
+    // of it through the layers (registers the kernel body would spill, and reload from local memory after a barrier)
+    auto set_res = [&](const float * nw, float scale) {
+        if (threadIdx.x == 0) {
+            s_res[0].nw    = nw;
+            s_res[0].scale = scale;
         }
+    };
+    // the inputs of a mat-vec that applies the pending residual step, then the stream is the new one (thread 0, in in())
+    auto in_res = [&](const float * nw, float * nw_out = nullptr) {
+        in([&]() {
+            mk_res & r = s_res[0];
+            mk_xin xi = { MK_X_PLAIN, r.xc, n, nullptr, 0, r.nw ? a.h : nullptr, r.nw, r.scale, r.xn, nw, nw_out };
+            if (r.nw) {
+                float * t = r.xc; r.xc = r.xn; r.xn = t;
+                r.nw = nullptr;
+            }
+            return xi;
+        });
     };
 
     if (DRAFT) {
@@ -3017,7 +3032,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     }
     if (ple) {
         begin(0);
-        in(plain(xc, n));
+        in(plain(a.xb[0], n));   // (no residual step yet: the stream is xb[0])
         mk_grid_sync(a, MK_PH_EMBD);
         go();
         begin(mk_mv_index(0, MK_MV_QKV));
@@ -3065,8 +3080,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
 
         go();   // O
         begin(mk_mv_index(il, MK_MV_FFN));
-        res_nw = L.attn_post_norm;
-        res_scale = 1.0f;
+        set_res(L.attn_post_norm, 1.0f);
         // gelu(gate) * up of rmsnorm(x) * ffn_norm, after the attention residual
         in_res(L.ffn_norm);
         mk_grid_sync(a, MK_PH_WO);
@@ -3077,8 +3091,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         mk_grid_sync(a, MK_PH_FFN);
 
         go();   // down
-        res_nw = L.ffn_post_norm;
-        res_scale = ple ? 1.0f : L.out_scale;
+        set_res(L.ffn_post_norm, ple ? 1.0f : L.out_scale);
 
         if (ple) {
             begin(mk_mv_index(il, MK_MV_PL_GATE));
@@ -3093,8 +3106,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
             });
             mk_grid_sync(a, MK_PH_PL_GATE);
             go();   // per-layer proj
-            res_nw = L.pl_post_norm;
-            res_scale = L.out_scale;
+            set_res(L.pl_post_norm, L.out_scale);
         }
         begin(il + 1 < md.n_layer ? mk_mv_index(il + 1, MK_MV_QKV) : mk_mv_count(md.n_layer) - 1);
         // the next layer's Q, K, V inputs; after the last layer the LM head's: rmsnorm(x) * output_norm after the last
