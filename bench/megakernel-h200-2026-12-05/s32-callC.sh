@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # session 32, call C (cold): run(command="bash bench/megakernel-h200-2026-12-05/s32-callC.sh",
 #   carry=[".dev/cuda", ".dev/mk/tokenizer.gguf", ".dev/mk-base"], timeout_s=600)
-# Issue 12: each block copies the layer's plan (ggml_mk_layer) and K/V view into its shared memory by cp.async while
-# the layer's Q/K/V mat-vec runs (mk_lay_fetch), and the heads phase, the attention and the kernel body read them there,
-# not from global memory after the barrier (every warp of every block asking for the same lines at the same moment).
-# And the residual stream's bookkeeping (xc, xn, the pending step's norm and scale) in thread 0's shared struct, not in
-# every thread's registers through the layers (decode body spills 110 -> 83). Same bits. Side A = this tree, side B = .dev/mk-base = git archive of fba22dc (call A's candidate, the flags in the
-# shared arguments). device.sh's ab stage as in call A.
+# (Ran in session 32 with changes 2 and 3 on side A; its device time ran out during the base build: no result. Change 2
+# was then taken out of the default kernel, untimed: see NOTES.md "Session 32".) As it stands, for the next session:
+# Issue 12: the residual stream's bookkeeping (xc, xn, the pending step's norm and scale) in thread 0's shared struct
+# (mk_res, commit 91ae3cb), not in every thread's registers through the layers (nvcc: decode body spills 115 -> 85).
+# Same bits. Side A = this tree, side B = .dev/mk-base = `git archive fba22dc megakernel` (change 1 only). For change 2
+# (each block's copy of the layer's plan in shared memory by cp.async, b7b0c06, reverted): A/B a tree with the revert
+# reverted against this one. device.sh's ab stage as in call A; cold: ~320 s of build and models, ~265 s of ab.
 set -u
 t0=$SECONDS
 export MK_TARGETS="llama-bench" MK_MODELS="e4b-mtp"

@@ -62,11 +62,6 @@ static __device__ __forceinline__ void mk_cp_async16(void * dst, const void * sr
     MK_ASYNC_ASM("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     MK_ASYNC_ASM("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "l"(pol) : "memory");
 }
-// 8 bytes global -> shared (cp.async.ca: the plan's small structs, mk_lay_fetch)
-static __device__ __forceinline__ void mk_cp_async8(void * dst, const void * src) {
-    const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
-    MK_ASYNC_ASM("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(s), "l"(src) : "memory");
-}
 static __device__ __forceinline__ void mk_cp_async_commit() {
     MK_ASYNC_ASM("cp.async.commit_group;" ::: "memory");
 }

@@ -8,7 +8,6 @@
 //   the non-coherent L1),
 //   mk_cp_async16(dst, src) / mk_cp_async_commit() / mk_cp_async_wait<N>() (asynchronous 16-byte copies
 //   global -> shared, marked first to leave L2: issue, close a group, wait until at most N groups are pending),
-//   mk_cp_async8(dst, src) (the same for 8 bytes, plain caching),
 //   mk_mbar_init(bar) / mk_mbar_init_fence() / mk_bulk_copy(dst, src, bytes, bar) / mk_mbar_wait(bar, parity)
 //   (the same copies of whole tiles through the bulk copy engine, completing on an mbarrier: sm_90, mk_args.bulk),
 // plus the CUDA built-ins it uses (threadIdx, __syncthreads, __shfl_xor_sync, atomics, half, ...).
@@ -160,16 +159,6 @@ struct mk_draft_args {
     float   * logits;          // NULL, or [k][n_vocab] every step's logits
 };
 
-// a layer's part of the plan and of the step (its K/V view), in each block's shared memory while the layer runs: copied
-// by cp.async while the layer's Q/K/V mat-vec runs (mk_lay_fetch, two of them: layer il in [il % 2]), so the phases after
-// its barrier (heads, attention) read them there. After a grid barrier's acquire, a field loaded from global memory is an
-// L2 round trip, and every warp of every block asked for the same lines at the same moment
-struct mk_lay {
-    ggml_mk_layer   L;
-    ggml_mk_kv_view kv;
-};
-static_assert(sizeof(ggml_mk_layer) % 8 == 0 && sizeof(ggml_mk_kv_view) % 8 == 0, "mk_lay_fetch copies 8 bytes a thread");
-
 // the kernel body's residual stream (thread 0's, in shared memory): xc the stream now, xn where the next residual step
 // writes it, nw/scale the step still to apply (x = (x + h*rms(h)*nw)*scale; nw NULL: none)
 struct mk_res {
@@ -214,7 +203,6 @@ struct mk_args {
     int xq_bytes;   //   ns weight stages per warp
     int ns;
     int bulk;       // 1: weight tiles through the bulk copy engine (sm_90+), 0: 16-byte cp.async per lane
-    const mk_lay * lay;  // the kernel's: its block's two layer copies in shared memory (mk_lay_fetch); the host leaves it NULL
     int flags;      // the model's debug_flags (GGML_MK_VAR_*, GGML_MK_DEBUG_*): the kernel reads them here, in its shared
                     //   copy of the arguments, not through m (after a grid barrier's acquire, a load from global memory
                     //   is an L2 round trip, and the checks sit next to the barriers: before arriving, after leaving)
@@ -305,30 +293,6 @@ MK_DEVICE void mk_grid_sync(const mk_args & a, int tag) {
     mk_prof(a, MK_PH_WAIT);
     __syncthreads();
 }
-
-// layer il's plan and K/V view into dst (one of the block's two mk_lay): 8 bytes a thread by cp.async, its own group;
-// mk_lay_wait (the same threads) before the block barrier that publishes them. Issued before a mat-vec and waited for
-// after it, before the next one's first tiles: on the cp.async path (GGML_MK_VAR_CP_ASYNC) an extra group among a
-// mat-vec's only makes its waits (all but the n most recent groups) wait for more, never for less
-#define MK_LAY_N8 ((int) (sizeof(ggml_mk_layer)/8 + sizeof(ggml_mk_kv_view)/8))
-MK_DEVICE void mk_lay_fetch(const mk_args & a, int il, mk_lay * dst) {
-    constexpr int NL = (int) (sizeof(ggml_mk_layer)/8);
-    const int t = threadIdx.x;
-    if (t < NL) {
-        mk_cp_async8((char *) &dst->L + 8*t, (const char *) &a.m->layers[il] + 8*t);
-    } else if (t < MK_LAY_N8) {
-        mk_cp_async8((char *) &dst->kv + 8*(t - NL), (const char *) &a.st->kv[il] + 8*(t - NL));
-    }
-    if (t < MK_LAY_N8) {
-        mk_cp_async_commit();
-    }
-}
-MK_DEVICE void mk_lay_wait() {
-    if ((int) threadIdx.x < MK_LAY_N8) {
-        mk_cp_async_wait<0>();
-    }
-}
-static_assert(MK_LAY_N8 <= MK_THREADS, "mk_lay_fetch: a thread per 8 bytes");
 
 // ---------------------------------------------------------------------------------------------
 // weights: 32 consecutive values of a row (group g = values 32g..32g+31), any supported type
@@ -2054,7 +2018,7 @@ MK_HOSTDEV int mk_hv(int m, int kind, int h) { return m | kind << 4 | h << 8; }
 // vector at a time) and the attention that folds it in (GGML_MK_VAR_FOLD_HEADS: its Q and K/V rows at once) run this one
 // out-of-line function, so they agree bit for bit also where the compiler contracts or approximates (fast math).
 MK_DEVICE_FN void mk_head_vecs(const mk_args & a, int il, int n, int job0, const int * more, float * sm, float * red) {
-    const ggml_mk_layer & L = a.lay[il & 1].L;
+    const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane  = threadIdx.x % WARP_SIZE;
     const int hd    = L.head_dim;
@@ -2141,7 +2105,7 @@ MK_DEVICE void mk_kv_put(const ggml_mk_kv_view & kv, int kind, int64_t cell, int
 // per head vector (sm: block scratch)
 MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
     MK_SHARED(float, red, MK_WARPS);
-    const ggml_mk_layer & L = a.lay[il & 1].L;
+    const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int hd     = L.head_dim;
     const int n_kvh  = L.has_kv ? L.n_head_kv : 0;
@@ -2166,7 +2130,7 @@ MK_DEVICE_FN void mk_heads(const mk_args & a, int il, int M, float * sm) {
         } else {
             const int64_t cell = st.kv_idx[cache][m];
             for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
-                mk_kv_put(a.lay[il & 1].kv, kind, cell, h, d, __float2half(sm[d]));
+                mk_kv_put(st.kv[il], kind, cell, h, d, __float2half(sm[d]));
             }
         }
         __syncthreads(); // sm and red are reused by the next head
@@ -2236,7 +2200,7 @@ static_assert(GGML_MK_MAX_HEAD_DIM <= MK_THREADS, "the block-wide combine: one t
 // the layer's attention folds its heads phase in (GGML_MK_VAR_FOLD_HEADS on): the block-per-(token, head) way and the fold
 // fit (out of line: the kernel body keeps its registers)
 MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
-    const ggml_mk_layer & L = a.lay[il & 1].L;
+    const ggml_mk_layer & L = a.m->layers[il];
     return !(a.flags & GGML_MK_VAR_DEVICE_ATT) &&
            mk_fold_plan(L, M, a.st->n_ch[L.is_swa ? 1 : 0], a.m->max_head_dim, a.xs_bytes + a.xq_bytes).fits;
 }
@@ -2254,7 +2218,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     static_assert(!FOLD || BLK, "the fold is the block-per-(token, head) way's");
     constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
-    const ggml_mk_layer & L = a.lay[il & 1].L;
+    const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane   = threadIdx.x % WARP_SIZE;
     // units to warps SM-first: a head's chunks load through the load/store units of many SMs instead of a few
@@ -2267,7 +2231,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     const int n_kv   = st.n_kv[cache];
     const int CH     = a.m->att_chunk;
     const int nch    = st.n_ch[cache];   // the chunks someone sees (the others would add nothing)
-    const ggml_mk_kv_view & kv = a.lay[il & 1].kv;
+    const ggml_mk_kv_view & kv = st.kv[il];
     const int gqa    = L.n_head / L.n_head_kv;
     const bool vt    = kv.v_sd != 2;   // transposed V: the CPI cells of one dimension are contiguous
     // transposed V rows 16-byte aligned at multiples of 8 cells: 16-byte loads of 8 cells
@@ -2737,7 +2701,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
 
 // the attention with the heads phase folded in (one call site in the kernel body: each call site costs it stack)
 MK_DEVICE_FN void mk_attention_fold(const mk_args & a, int il, int M, float * sm) {
-    if (a.lay[il & 1].L.head_dim <= 256) {
+    if (a.m->layers[il].head_dim <= 256) {
         mk_attention<4, true, true>(a, il, M, sm);
     } else {
         mk_attention<GGML_MK_MAX_HEAD_DIM/64, true, true>(a, il, M, sm);
@@ -2915,11 +2879,9 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     MK_SHARED(mk_mvr,  s_mv, 1);   // its descriptor (from the table)
     MK_SHARED(mk_bulk, s_bulk, MK_WARPS);   // per warp: the mbarriers of its bulk copies (mk_args.bulk)
     MK_SHARED(mk_it,   s_fe, MK_WARPS);     // per warp: where its fetches of the mat-vec begun last go on (mk_mv_begin)
-    MK_SHARED(mk_lay,  s_lay, 2);           // layer il's plan and K/V view in [il % 2] (mk_lay_fetch)
     MK_SHARED(mk_res,  s_res, 1);           // the residual stream's bookkeeping, thread 0's (in(fx) below)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
-        s_a[0].lay = s_lay;
         s_res[0] = { ka.xb[0], ka.xb[1], nullptr, 1.0f };
     }
     if (j == 0 && ka.bulk && threadIdx.x < MK_WARPS*ka.ns) {
@@ -3045,13 +3007,10 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     mk_grid_sync(a, ple ? MK_PH_PL_IN : MK_PH_EMBD);
 
     for (int il = 0; il < md.n_layer; ++il) {
-        const ggml_mk_layer & L = s_lay[il & 1].L;   // (the copy mk_lay_fetch makes below: read after the barrier)
+        const ggml_mk_layer & L = md.layers[il];
 
-        // Q, K, V of rmsnorm(x) * attn_norm (its inputs put before the barrier above), while the layer's plan and K/V
-        // view come into shared memory (waited for before the next mat-vec's first copies are issued)
-        mk_lay_fetch(a, il, &s_lay[il & 1]);
+        // Q, K, V of rmsnorm(x) * attn_norm (its inputs put before the barrier above)
         go();
-        mk_lay_wait();
         begin(mk_mv_index(il, MK_MV_O));
         mk_grid_sync(a, MK_PH_QKV);
 

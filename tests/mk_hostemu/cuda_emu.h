@@ -161,7 +161,6 @@ static inline uint4          mk_ldcg_u32x4(const uint4 * p) { const volatile uns
 static inline float4         mk_ldcg4(const float4 * p) { const volatile float * q = (const volatile float *) p; float4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
 // asynchronous copies done at once (the emulation checks indexing, not the copy pipeline's timing)
 static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }
-static inline void mk_cp_async8(void * dst, const void * src) { memcpy(dst, src, 8); }
 static inline void mk_cp_async_commit() {}
 template <int N> static inline void mk_cp_async_wait() {}
 // bulk copies (mk_args.bulk) land only when a thread waits for their mbarrier phase: a read of a stage
