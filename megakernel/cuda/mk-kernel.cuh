@@ -203,9 +203,10 @@ struct mk_args {
     int xq_bytes;   //   ns weight stages per warp
     int ns;
     int bulk;       // 1: weight tiles through the bulk copy engine (sm_90+), 0: 16-byte cp.async per lane
-    int flags;      // the model's debug_flags (GGML_MK_VAR_*, GGML_MK_DEBUG_*): the kernel reads them here, in its shared
-                    //   copy of the arguments, not through m (after a grid barrier's acquire, a load from global memory
-                    //   is an L2 round trip, and the checks sit next to the barriers: before arriving, after leaving)
+    int flags;      // the plan's debug_flags (GGML_MK_VAR_*, GGML_MK_DEBUG_*), copied by the kernel itself into its shared
+                    //   copy of the arguments (mk_step; the host leaves it 0) and read there, not through m (after a grid
+                    //   barrier's acquire a load from global memory is an L2 round trip, and the checks sit next to the
+                    //   barriers: before arriving, after leaving)
 };
 
 // the cluster size a launch of M tokens runs with (the kernel reads it from the launch: mk_cluster_size): unless
@@ -2882,6 +2883,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     MK_SHARED(mk_res,  s_res, 1);           // the residual stream's bookkeeping, thread 0's (in(fx) below)
     if (threadIdx.x == 0) {
         s_a[0] = ka;
+        s_a[0].flags = ka.m->debug_flags;   // (one load, here: mk_args.flags)
         s_res[0] = { ka.xb[0], ka.xb[1], nullptr, 1.0f };
     }
     if (j == 0 && ka.bulk && threadIdx.x < MK_WARPS*ka.ns) {

@@ -357,7 +357,6 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     mk->args.bar_next = (unsigned *) p + 1;
     p += 256;
     mk->args.m = mk->d_model;
-    mk->args.flags = model->debug_flags;   // (the kernel's copy: mk_args.flags)
     mk->args.n_pl_all = mk->n_pl_all;
     if (d) {
         // the draft's buffers; the target's token embeddings where the kernel can read them

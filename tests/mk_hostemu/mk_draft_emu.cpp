@@ -165,7 +165,7 @@ int main(int argc, char ** argv) {
         const float * masks[2] = { mask[0].data(), mask[1].data() };
         mk_step_chunks(ds, masks, 1, md.att_chunk, md.debug_flags);
         mk_args a = {};
-        a.m = &md; a.flags = md.debug_flags; a.st = &ds; a.mask[0] = mask[0].data(); a.mask[1] = mask[1].data();
+        a.m = &md; a.st = &ds; a.mask[0] = mask[0].data(); a.mask[1] = mask[1].data();
         a.xb[0] = s_x.data(); a.xb[1] = s_x1.data(); a.att_part = s_part.data(); a.att_cnt = s_cnt.data();
         a.max_head = 2; a.n_chunk = n_chunk; a.q = s_q.data(); a.k = s_kv.data(); a.v = s_kv.data(); a.att = s_att.data();
         a.h = s_h.data(); a.g = s_g.data(); a.logits = s_lo.data(); a.h_out = s_hid.data();

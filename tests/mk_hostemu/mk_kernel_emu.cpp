@@ -130,7 +130,7 @@ int main(int argc, char ** argv) {
         mk_step_chunks(ds, masks, M, M_.att_chunk, M_.debug_flags);
         grp_max = std::max({ grp_max, ds.n_grp[0], ds.n_grp[1] });
         mk_args a = {};
-        a.m = &M_; a.flags = M_.debug_flags; a.st = &ds; a.mask[0] = mask0.data(); a.mask[1] = mask1.data();
+        a.m = &M_; a.st = &ds; a.mask[0] = mask0.data(); a.mask[1] = mask1.data();
         a.embd = &mm.E[(size_t) p0*n_embd]; a.pl_embd = &mm.PE[(size_t) p0*n_pl*n_layer];
         a.xb[0] = s_x.data(); a.xb[1] = s_x1.data(); a.att_part = s_part.data(); a.att_cnt = s_cnt.data();
         a.max_head = n_head; a.n_chunk = n_chunk; a.q = s_q.data(); a.k = s_k.data(); a.v = s_v.data(); a.att = s_att.data(); a.h = s_h.data();
