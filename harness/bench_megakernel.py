@@ -63,9 +63,13 @@ def parse(out: str) -> dict:
         res.update(tg=int(m.group(1)), rounds=int(m.group(2)), megakernel_tok_s=float(m.group(3)),
                    graph_tok_s=float(m.group(4)), ratio=float(m.group(5)))
     for who in ("megakernel", "graph"):
-        m = re.search(rf"verify cost \({who}\): (.*)", out)
+        m = re.search(rf"verify cost \({who}\), whole batch call: (.*)", out)
         if m:
             res[f"verify_{who}"] = {int(a): float(b) for a, b in re.findall(r"M=(\d+) [\d.]+ us \(([\d.]+)x\)", m.group(1))}
+        m = re.search(rf"verify cost \({who}\), its parts \(decode / logits row / seq_rm, us\): (.*)", out)
+        if m:
+            res[f"verify_{who}_parts_us"] = {int(a): [float(b), float(c), float(d)] for a, b, c, d in
+                                             re.findall(r"M=(\d+) ([\d.]+) / ([\d.]+) / ([\d.]+)", m.group(1))}
     on = re.search(r"llama_mk: megakernel (on .*|off.*)", out)
     res["megakernel"] = on.group(1) if on else "no llama_mk line (build without GGML_MEGAKERNEL_DIR?)"
     return res
@@ -142,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     for who in ("megakernel", "graph"):
         if f"verify_{who}" in res:
             costs = ", ".join(f"M={k}: {v:.2f}x" for k, v in res[f"verify_{who}"].items())
-            print(f"verify cost / one token ({who}): {costs}")
+            print(f"verify cost / one token ({who}, whole batch calls: includes the host's fixed time per batch; "
+                  f"the kernel's own ratios: LLAMA_MEGAKERNEL_PROFILE=1): {costs}")
+        if f"verify_{who}_parts_us" in res:
+            parts = ", ".join(f"M={k}: {v[0]:.0f} / {v[1]:.0f} / {v[2]:.0f}" for k, v in res[f"verify_{who}_parts_us"].items())
+            print(f"verify batch call's parts ({who}; llama_decode / logits row / seq_rm, us): {parts}")
     if checks:
         res["checks"] = checks
     if args.json:

@@ -616,6 +616,8 @@ def test_bench_megakernel_runs_end_to_end_on_the_cpu_build(tmp_path, cpu_build, 
     assert rc == 0 and res["megakernel"].startswith("off"), res
     assert res["megakernel_tok_s"] > 0 and res["graph_tok_s"] > 0 and 0.2 < res["ratio"] < 5, res
     assert sorted(res["verify_megakernel"]) == ["1", "2", "3", "4", "5"], res
+    parts = res["verify_megakernel_parts_us"]
+    assert sorted(parts) == ["1", "2", "3", "4", "5"] and all(len(v) == 3 and v[0] > 0 for v in parts.values()), res
 
 
 def test_device_script_makes_the_q4km_models_with_llama_quantize(tmp_path):

@@ -384,26 +384,42 @@ int main(int argc, char ** argv) {
             ctx_t & c = k == 0 ? A : B;
             prefill(c, prompt);
             const int p0 = np;
-            std::vector<std::vector<double>> t(6);
+            // per batch: the whole call sequence (t), and its parts: llama_decode (td), the logits row (tl), seq_rm (tr)
+            std::vector<std::vector<double>> t(6), td(6), tl(6), tr(6);
             const int reps = 8;
+            using clk = std::chrono::steady_clock;
+            auto us = [](clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count()*1e6; };
             for (int r = 0; r < rounds; ++r) {
                 for (int i = 1; i <= 5; ++i) {
                     const int M = (r % 2 == 0) ? i : 6 - i;
                     llama_batch b = seq_batch(gen_a, 0, M, p0);
-                    auto t0 = std::chrono::steady_clock::now();
+                    double sd = 0, sl = 0, sr = 0;
+                    auto t0 = clk::now();
                     for (int rep = 0; rep < reps; ++rep) {
+                        auto ta = clk::now();
                         decode_or_die(c.ctx, b, "verify cost");
+                        auto tb = clk::now();
                         llama_get_logits_ith(c.ctx, M - 1); // waits for the result
+                        auto tc = clk::now();
                         llama_memory_seq_rm(llama_get_memory(c.ctx), 0, p0, -1);
+                        auto te = clk::now();
+                        sd += us(ta, tb); sl += us(tb, tc); sr += us(tc, te);
                     }
-                    auto t1 = std::chrono::steady_clock::now();
-                    t[M].push_back(std::chrono::duration<double>(t1 - t0).count()*1e6/reps);
+                    auto t1 = clk::now();
+                    t[M].push_back(us(t0, t1)/reps);
+                    td[M].push_back(sd/reps); tl[M].push_back(sl/reps); tr[M].push_back(sr/reps);
                     llama_batch_free(b);
                 }
             }
-            printf("verify cost (%s): ", k == 0 ? "megakernel" : "graph");
+            // the ratios include the host's fixed time per batch (the same in every M), which pulls them toward 1: the
+            // kernel's own ratios are LLAMA_MEGAKERNEL_PROFILE=1's "kernel" lines
+            printf("verify cost (%s), whole batch call: ", k == 0 ? "megakernel" : "graph");
             for (int M = 1; M <= 5; ++M) {
                 printf("M=%d %.1f us (%.2fx)%s", M, med(t[M]), med(t[M])/med(t[1]), M < 5 ? ", " : "\n");
+            }
+            printf("verify cost (%s), its parts (decode / logits row / seq_rm, us): ", k == 0 ? "megakernel" : "graph");
+            for (int M = 1; M <= 5; ++M) {
+                printf("M=%d %.1f / %.1f / %.1f%s", M, med(td[M]), med(tl[M]), med(tr[M]), M < 5 ? ", " : "\n");
             }
         }
     }
