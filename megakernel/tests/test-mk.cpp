@@ -384,6 +384,17 @@ int main(int argc, char ** argv) {
             ctx_t & c = k == 0 ? A : B;
             prefill(c, prompt);
             const int p0 = np;
+            // the prompt's graph runs asynchronously: without this wait, and one untimed batch of each M (the output
+            // buffer grows to M rows on a first use), the first timed batch carries the prompt (session 33: M = 1
+            // measured ~1 ms a batch too long, 8 batches sharing the prompt's ~8 ms, which pulled every ratio toward 1)
+            llama_synchronize(c.ctx);
+            for (int M = 1; M <= 5; ++M) {
+                llama_batch b = seq_batch(gen_a, 0, M, p0);
+                decode_or_die(c.ctx, b, "verify cost (warm-up)");
+                llama_get_logits_ith(c.ctx, M - 1);
+                llama_memory_seq_rm(llama_get_memory(c.ctx), 0, p0, -1);
+                llama_batch_free(b);
+            }
             // per batch: the whole call sequence (t), and its parts: llama_decode (td), the logits row (tl), seq_rm (tr)
             std::vector<std::vector<double>> t(6), td(6), tl(6), tr(6);
             const int reps = 8;
@@ -411,8 +422,8 @@ int main(int argc, char ** argv) {
                     llama_batch_free(b);
                 }
             }
-            // the ratios include the host's fixed time per batch (the same in every M), which pulls them toward 1: the
-            // kernel's own ratios are LLAMA_MEGAKERNEL_PROFILE=1's "kernel" lines
+            // whole calls: the host's time per batch (the same in every M) is in them; the kernel's own ratios are
+            // LLAMA_MEGAKERNEL_PROFILE=1's "kernel" lines
             printf("verify cost (%s), whole batch call: ", k == 0 ? "megakernel" : "graph");
             for (int M = 1; M <= 5; ++M) {
                 printf("M=%d %.1f us (%.2fx)%s", M, med(t[M]), med(t[M])/med(t[1]), M < 5 ? ", " : "\n");
