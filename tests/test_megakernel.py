@@ -416,12 +416,15 @@ def test_cuda_kquant_dot_products_planted_bug_fails(tmp_path, cpu_build, bug):
 # projections, gate/up, down, per-layer gate) and F32 / F16 / BF16 jobs. q4k_nibbles: Q4_K's nibbles swapped in the
 # integer dot products (low for odd groups; 0x1000000 GGML_MK_VAR_KQ_FLOAT: the float path); bf16_halves, f16_halves,
 # input_offset: the float weights' path of 4 values per lane, a pair's halves swapped or an F32 lane's inputs from the
-# next 4 values (0x8000000 GGML_MK_VAR_FLOAT_GROUPS: a group per lane, mk_deq32)
+# next 4 values (0x8000000 GGML_MK_VAR_FLOAT_GROUPS: a group per lane, mk_deq32); float_packed_rows: every row of a
+# tile of packed float rows read from the tile's first (0x10000 GGML_MK_VAR_ROW_TILES: one row per tile; the model's
+# short F32 / F16 / BF16 rows are packed up to 32 to a tile)
 VARIANT_PLANTED = {
     "q4k_nibbles": ("const int sh = 4*(j % 2);", "const int sh = 4*((j + 1) % 2);", "0x1000000"),
     "bf16_halves": ("mk_bf16((uint16_t) (h.x >> 16)),", "mk_bf16((uint16_t) (h.x & 0xffff)),", "0x8000000"),
     "f16_halves": ("mk_f16((uint16_t) (h.y >> 16)));", "mk_f16((uint16_t) (h.y & 0xffff)));", "0x8000000"),
     "input_offset": ("const int    f = 8*g0 + v/4;", "const int    f = 8*g0 + (v/4 + 1)%8 + v/32*8;", "0x8000000"),
+    "float_packed_rows": ("mk_f4_row<MC>(base + (size_t) r*MK_J(R, it.job, nb1),", "mk_f4_row<MC>(base,", "0x10000"),
 }
 
 

@@ -402,8 +402,10 @@ MK_HOSTDEV bool mk_is_kq(int type) {
 //
 // short rows (Q4_0/Q8_0, one tile each, at most 16 block pairs) are packed rpt > 1 to a tile: consecutive rows,
 // lpr lanes per row (a power of 2 >= the row's pairs, so lane p still takes pair p and the lane group's sum adds the
-// same numbers in the same order as a whole warp's over one row: the bits do not change); nu: the job's tiles
-// (units) of rows
+// same numbers in the same order as a whole warp's over one row: the bits do not change); short F32 / F16 / BF16 rows
+// (f4: 4 values per lane) likewise rpt to a tile, taken one after the other by the whole warp (lpr = WARP_SIZE: each
+// row the one-row path's arithmetic; the tile's wait and bookkeeping once for rpt rows; E4B's per-layer projection,
+// 2560 rows of 256 F32 values, 2 to a tile); nu: the job's tiles (units) of rows
 struct mk_jr {
     const uint8_t * data;
     float         * y;
@@ -415,8 +417,9 @@ struct mk_jr {
 };
 
 // pack: rows may be packed (the default; GGML_MK_VAR_ROW_TILES turns it off); kq32: K-quant tiles in multiples of 32
-// groups (the default; GGML_MK_VAR_KQ_TILES turns it off)
-MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack, bool kq32) {
+// groups (the default; GGML_MK_VAR_KQ_TILES turns it off); f4: float rows 4 values per lane (mk_mvr.f4), which the
+// packed float rows need (their tiles are aligned for mk_deq4 by the checks below)
+MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack, bool kq32, bool f4) {
     mk_jr r;
     r.data    = (const uint8_t *) jb.w.data;
     r.y       = jb.y;
@@ -456,6 +459,11 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack, bool kq32) {
         r.lpr = r.rpt > 1 ? l : WARP_SIZE;
         r.rpt = r.rpt > 1 ? r.rpt : 1;
     }
+    const int al = r.type == GGML_TYPE_F32 ? 16 : 8;   // (mk_deq4_ok's alignment; a tile's copy keeps the offset mod 16)
+    if (pack && f4 && r.nseg == 1 && (r.type == GGML_TYPE_F32 || r.type == GGML_TYPE_F16 || r.type == GGML_TYPE_BF16) &&
+        2*bytes <= MK_TB && r.nb1 == (uint64_t) bytes && bytes % al == 0 && ((uintptr_t) r.data % al) == 0) {
+        r.rpt = MK_TB/bytes;   // (lpr stays WARP_SIZE: the warp takes the tile's rows one after the other)
+    }
     r.nu   = (r.ne1 + r.rpt - 1)/r.rpt;
     return r;
 }
@@ -488,16 +496,17 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     }
     const bool pack = !mv.pair && !(flags & GGML_MK_VAR_ROW_TILES);   // (a gate/up pair: one row of each per unit)
     const bool kq32 = !(flags & GGML_MK_VAR_KQ_TILES);
-    R.j[0]    = mk_jr_of(mv.jobs[0], pack, kq32);
-    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1], pack, kq32) : R.j[0];
-    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack, kq32) : R.j[0];
+    const bool f4   = (flags & GGML_MK_VAR_FLOAT_GROUPS) == 0;
+    R.j[0]    = mk_jr_of(mv.jobs[0], pack, kq32, f4);
+    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1], pack, kq32, f4) : R.j[0];
+    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack, kq32, f4) : R.j[0];
     R.pair  = mv.pair;
     R.norm  = mv.norm;
     R.spread = (flags & GGML_MK_VAR_BLOCK_UNITS) == 0;
     R.small  = (flags & GGML_MK_VAR_WIDE_M) ? 0 : (flags & GGML_MK_VAR_ITEM_STAGE) ? 1 : 2;
     R.kq     = (flags & GGML_MK_VAR_KQ_FLOAT) == 0;
     R.tail   = (flags & GGML_MK_VAR_PAIR_TAIL) == 0;
-    R.f4     = (flags & GGML_MK_VAR_FLOAT_GROUPS) == 0;
+    R.f4     = f4;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -1447,6 +1456,26 @@ MK_DEVICE float4 mk_deq4(const uint8_t * base, int type, int v) {
                  mk_bf16((uint16_t) (h.y & 0xffff)), mk_bf16((uint16_t) (h.y >> 16)));
 }
 
+// a float tile's row (F32 / F16 / BF16, 4 consecutive values per lane: values v = 4*lane, +128, ... < nv; groups from
+// g0) against the staged inputs' float4 of the same values, into acc (one sum per column, every column of the pass)
+template <int MC>
+MK_DEVICE void mk_f4_row(const uint8_t * base, int type, int nv, int g0, int Mc, int KG, float * xs, float (&acc)[MC]) {
+    for (int v = 4*(threadIdx.x % WARP_SIZE); v < nv; v += 4*WARP_SIZE) {
+        const float4 w = mk_deq4(base, type, v);
+        const int    f = 8*g0 + v/4;   // the inputs' slot of values v .. v+3 of the tile
+#pragma unroll
+        for (int m = 0; m < MC; ++m) {
+            if (MC == 1 || m < Mc) {
+                const float4 xv = *mk_stage_xs(xs, m, KG, f);
+                acc[m] = fmaf(w.x, xv.x, acc[m]);
+                acc[m] = fmaf(w.y, xv.y, acc[m]);
+                acc[m] = fmaf(w.z, xv.z, acc[m]);
+                acc[m] = fmaf(w.w, xv.w, acc[m]);
+            }
+        }
+    }
+}
+
 // a block's 8-bit inputs as staged (MK_XQ_REC bytes): 32 values, then d and the sum of q
 struct mk_rec {
     int4   x0, x1;
@@ -1767,6 +1796,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             int nbytes, g0, ng;
             const uint8_t * src  = mk_tile(R, it, nbytes, g0, ng);
             const uint8_t * base = mk_stage_buf(ws, ns, it.st) + ((uintptr_t) src & 15);
+            int rl = 0;   // a tile of packed float rows: its last row (stored with a one-row tile's code below)
             const int type = MK_J(R, it.job, type);
             const bool kq = R.kq && mk_is_kq(type);   // Q4_K/Q6_K: a 32-value group per lane (mk_kq_groups)
             if (kq || (mk_is_q8dot(type) && ng % 2 == 0 && ((uintptr_t) base & 3) == 0)) {
@@ -1931,19 +1961,27 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
                 }
             } else if (R.f4 && mk_deq4_ok(type, base)) {
                 // F32 / F16 / BF16: 4 consecutive values per lane, the warp's 128 in a row (the tile read in order: no
-                // bank conflicts; a row of 256 values on every lane), against the staged inputs' float4 of them
-                const int nv = min(32*ng, K - 32*g0);   // (a multiple of 4: mat-vec inputs are)
-                for (int v = 4*lane; v < nv; v += 4*WARP_SIZE) {
-                    const float4 w = mk_deq4(base, type, v);
-                    const int    f = 8*g0 + v/4;   // the inputs' slot of values v .. v+3 of the tile
+                // bank conflicts; a row of 256 values on every lane), against the staged inputs' float4 of them. Packed
+                // rows (rpt > 1, mk_jr): the tile's rows one after the other, each the one-row arithmetic; the rows
+                // before the last are summed and stored here, the last one below as a one-row tile's (the same bits)
+                const int nv  = min(32*ng, K - 32*g0);   // (a multiple of 4: mat-vec inputs are)
+                const int rpt = MK_J(R, it.job, rpt);
+                const int nr  = rpt > 1 ? min(rpt, MK_J(R, it.job, ne1) - it.row) : 1;
+                for (int r = 0; ; ++r) {
+                    mk_f4_row<MC>(base + (size_t) r*MK_J(R, it.job, nb1), type, nv, g0, Mc, KG, xs, acc);
+                    if (r == nr - 1) {
+                        rl = r;
+                        break;
+                    }
 #pragma unroll
                     for (int m = 0; m < MC; ++m) {
                         if (MC == 1 || m < Mc) {
-                            const float4 xv = *mk_stage_xs(xs, m, KG, f);
-                            acc[m] = fmaf(w.x, xv.x, acc[m]);
-                            acc[m] = fmaf(w.y, xv.y, acc[m]);
-                            acc[m] = fmaf(w.z, xv.z, acc[m]);
-                            acc[m] = fmaf(w.w, xv.w, acc[m]);
+                            const float s = mk_warp_sum(acc[m]);
+                            acc[m] = 0.0f;
+                            if (lane == 0) {
+                                MK_J(R, it.job, y)[(size_t) (m0 + m)*MK_J(R, it.job, ldy) + it.row + r] =
+                                    mk_softcap(s, MK_J(R, it.job, softcap));
+                            }
                         }
                     }
                 }
@@ -1973,7 +2011,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             const bool row_done = it.seg == MK_J(R, it.job, nseg) - 1;
             const int  sub  = it.sub;
             const int  oj   = R.pair ? 0 : it.job;   // the job whose output this row is
-            const int  orow = it.row;
+            const int  orow = it.row + rl;   // (rl: packed float rows)
             mk_it_next(R, it, ns);
             if (!row_done) {
                 continue;
