@@ -180,6 +180,11 @@ struct ggml_mk_model {
                                               // every other column into its own and its partner's shared memory); the
                                               // same bits. The pairs: verify of 2..5 tokens 0.93-0.94x the launch (H100,
                                               // NOTES.md session 31)
+#define GGML_MK_VAR_FLOAT_PACK        0x20000000 // short F32 / F16 / BF16 rows (one tile each, at least 2 to a tile) packed several to a
+                                              // weight tile (E4B's per-layer projection: 2560 rows of 256 F32 values, 2 to a
+                                              // tile), the warp taking them one after the other with the one-row arithmetic:
+                                              // one tile wait and walk for every 2 rows; the same bits (a candidate, session
+                                              // 33: not timed yet)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

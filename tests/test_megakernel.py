@@ -181,7 +181,10 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             # against the default's, staged over clusters of 2 blocks on an even grid (the default runs do so too: 2
             # blocks); two clusters with a slow block
             "0x10000000": ["--verify", "2,3,4,5,8", "--variant", "0x10000000", "--vs-default"],
-            "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5"]}
+            "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5"],
+            # 0x20000000 (GGML_MK_VAR_FLOAT_PACK, a candidate): short float rows packed several to a tile, bitwise the
+            # default's, one-token and verify steps (the code for up to 4 columns and for any batch)
+            "0x20000000": ["--verify", "2,3,4,5,8", "--variant", "0x20000000", "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -416,15 +419,12 @@ def test_cuda_kquant_dot_products_planted_bug_fails(tmp_path, cpu_build, bug):
 # projections, gate/up, down, per-layer gate) and F32 / F16 / BF16 jobs. q4k_nibbles: Q4_K's nibbles swapped in the
 # integer dot products (low for odd groups; 0x1000000 GGML_MK_VAR_KQ_FLOAT: the float path); bf16_halves, f16_halves,
 # input_offset: the float weights' path of 4 values per lane, a pair's halves swapped or an F32 lane's inputs from the
-# next 4 values (0x8000000 GGML_MK_VAR_FLOAT_GROUPS: a group per lane, mk_deq32); float_packed_rows: every row of a
-# tile of packed float rows read from the tile's first (0x10000 GGML_MK_VAR_ROW_TILES: one row per tile; the model's
-# short F32 / F16 / BF16 rows are packed up to 32 to a tile)
+# next 4 values (0x8000000 GGML_MK_VAR_FLOAT_GROUPS: a group per lane, mk_deq32)
 VARIANT_PLANTED = {
     "q4k_nibbles": ("const int sh = 4*(j % 2);", "const int sh = 4*((j + 1) % 2);", "0x1000000"),
     "bf16_halves": ("mk_bf16((uint16_t) (h.x >> 16)),", "mk_bf16((uint16_t) (h.x & 0xffff)),", "0x8000000"),
     "f16_halves": ("mk_f16((uint16_t) (h.y >> 16)));", "mk_f16((uint16_t) (h.y & 0xffff)));", "0x8000000"),
     "input_offset": ("const int    f = 8*g0 + v/4;", "const int    f = 8*g0 + (v/4 + 1)%8 + v/32*8;", "0x8000000"),
-    "float_packed_rows": ("mk_f4_row<MC>(base + (size_t) r*MK_J(R, it.job, nb1),", "mk_f4_row<MC>(base,", "0x10000"),
 }
 
 
@@ -437,6 +437,28 @@ def test_cuda_kernel_on_host_default_path_planted_bug_fails(tmp_path, cpu_build,
         f"planted bug {bug} went unnoticed by the kernel emulation:\n{r.stdout[-3000:]}"
     r = subprocess.run([str(exe), "--variant", variant], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"variant {variant} still runs the code of planted bug {bug}:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_float_pack_planted_bug_fails(tmp_path, cpu_build):
+    """GGML_MK_VAR_FLOAT_PACK (0x20000000, a candidate): the emulation's model has short F32 / F16 / BF16 rows, and the
+    variant packs more of its mat-vec jobs than the default does; every row of a packed float tile read from the tile's
+    first must fail the variant's run against the float64 reference and leave the default run (no float packing) passing"""
+    old = "mk_f4_row<MC>(base + (size_t) r*MK_J(R, it.job, nb1),"
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, "mk_f4_row<MC>(base,")
+    r = subprocess.run([str(exe), "--variant", "0x20000000"], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL .*NMSE vs float64 reference", r.stdout, re.M), \
+        f"packed float rows all read from the tile's first went unnoticed:\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"the default run packs float rows:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_float_pack_packs_more_jobs(kernel_emu):
+    """the variant run really packs float rows: it reports more mat-vec jobs in tiles of several rows than the default"""
+    r = subprocess.run([str(kernel_emu), "--variant", "0x20000000", "--vs-default"], capture_output=True, text=True,
+                       timeout=900)
+    packed = {who: int(n) for who, n in re.findall(r"^(kernel|default kernel): (\d+) of \d+ mat-vec jobs in tiles of several",
+                                                   r.stdout, re.M)}
+    assert r.returncode == 0 and packed.get("kernel", 0) > packed.get("default kernel", 1 << 30), r.stdout[-3000:]
 
 
 def test_cuda_kernel_on_host_kquant_row_pairs_planted_bug_fails(tmp_path, cpu_build):

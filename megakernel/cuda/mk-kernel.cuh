@@ -402,10 +402,10 @@ MK_HOSTDEV bool mk_is_kq(int type) {
 //
 // short rows (Q4_0/Q8_0, one tile each, at most 16 block pairs) are packed rpt > 1 to a tile: consecutive rows,
 // lpr lanes per row (a power of 2 >= the row's pairs, so lane p still takes pair p and the lane group's sum adds the
-// same numbers in the same order as a whole warp's over one row: the bits do not change); short F32 / F16 / BF16 rows
-// (f4: 4 values per lane) likewise rpt to a tile, taken one after the other by the whole warp (lpr = WARP_SIZE: each
-// row the one-row path's arithmetic; the tile's wait and bookkeeping once for rpt rows; E4B's per-layer projection,
-// 2560 rows of 256 F32 values, 2 to a tile); nu: the job's tiles (units) of rows
+// same numbers in the same order as a whole warp's over one row: the bits do not change); under GGML_MK_VAR_FLOAT_PACK
+// short F32 / F16 / BF16 rows (f4: 4 values per lane) likewise rpt to a tile, taken one after the other by the whole warp
+// (lpr = WARP_SIZE: each row the one-row path's arithmetic; the tile's wait and bookkeeping once for rpt rows; E4B's
+// per-layer projection, 2560 rows of 256 F32 values, 2 to a tile); nu: the job's tiles (units) of rows
 struct mk_jr {
     const uint8_t * data;
     float         * y;
@@ -417,9 +417,10 @@ struct mk_jr {
 };
 
 // pack: rows may be packed (the default; GGML_MK_VAR_ROW_TILES turns it off); kq32: K-quant tiles in multiples of 32
-// groups (the default; GGML_MK_VAR_KQ_TILES turns it off); f4: float rows 4 values per lane (mk_mvr.f4), which the
-// packed float rows need (their tiles are aligned for mk_deq4 by the checks below)
-MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack, bool kq32, bool f4) {
+// groups (the default; GGML_MK_VAR_KQ_TILES turns it off); fpack: float rows may be packed too (GGML_MK_VAR_FLOAT_PACK,
+// with pack and the float rows' 4 values per lane, mk_mvr.f4, which their packed tiles need: aligned for mk_deq4 by
+// the checks below)
+MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack, bool kq32, bool fpack) {
     mk_jr r;
     r.data    = (const uint8_t *) jb.w.data;
     r.y       = jb.y;
@@ -460,7 +461,7 @@ MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack, bool kq32, bool f4) {
         r.rpt = r.rpt > 1 ? r.rpt : 1;
     }
     const int al = r.type == GGML_TYPE_F32 ? 16 : 8;   // (mk_deq4_ok's alignment; a tile's copy keeps the offset mod 16)
-    if (pack && f4 && r.nseg == 1 && (r.type == GGML_TYPE_F32 || r.type == GGML_TYPE_F16 || r.type == GGML_TYPE_BF16) &&
+    if (fpack && r.nseg == 1 && (r.type == GGML_TYPE_F32 || r.type == GGML_TYPE_F16 || r.type == GGML_TYPE_BF16) &&
         2*bytes <= MK_TB && r.nb1 == (uint64_t) bytes && bytes % al == 0 && ((uintptr_t) r.data % al) == 0) {
         r.rpt = MK_TB/bytes;   // (lpr stays WARP_SIZE: the warp takes the tile's rows one after the other)
     }
@@ -497,9 +498,10 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     const bool pack = !mv.pair && !(flags & GGML_MK_VAR_ROW_TILES);   // (a gate/up pair: one row of each per unit)
     const bool kq32 = !(flags & GGML_MK_VAR_KQ_TILES);
     const bool f4   = (flags & GGML_MK_VAR_FLOAT_GROUPS) == 0;
-    R.j[0]    = mk_jr_of(mv.jobs[0], pack, kq32, f4);
-    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1], pack, kq32, f4) : R.j[0];
-    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack, kq32, f4) : R.j[0];
+    const bool fpk  = pack && f4 && (flags & GGML_MK_VAR_FLOAT_PACK);
+    R.j[0]    = mk_jr_of(mv.jobs[0], pack, kq32, fpk);
+    R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1], pack, kq32, fpk) : R.j[0];
+    R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack, kq32, fpk) : R.j[0];
     R.pair  = mv.pair;
     R.norm  = mv.norm;
     R.spread = (flags & GGML_MK_VAR_BLOCK_UNITS) == 0;
@@ -1962,7 +1964,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             } else if (R.f4 && mk_deq4_ok(type, base)) {
                 // F32 / F16 / BF16: 4 consecutive values per lane, the warp's 128 in a row (the tile read in order: no
                 // bank conflicts; a row of 256 values on every lane), against the staged inputs' float4 of them. Packed
-                // rows (rpt > 1, mk_jr): the tile's rows one after the other, each the one-row arithmetic; the rows
+                // rows (rpt > 1, mk_jr: GGML_MK_VAR_FLOAT_PACK): the tile's rows one after the other, each the one-row arithmetic; the rows
                 // before the last are summed and stored here, the last one below as a one-row tile's (the same bits)
                 const int nv  = min(32*ng, K - 32*g0);   // (a multiple of 4: mat-vec inputs are)
                 const int rpt = MK_J(R, it.job, rpt);
