@@ -1964,8 +1964,9 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             } else if (R.f4 && mk_deq4_ok(type, base)) {
                 // F32 / F16 / BF16: 4 consecutive values per lane, the warp's 128 in a row (the tile read in order: no
                 // bank conflicts; a row of 256 values on every lane), against the staged inputs' float4 of them. Packed
-                // rows (rpt > 1, mk_jr: GGML_MK_VAR_FLOAT_PACK): the tile's rows one after the other, each the one-row arithmetic; the rows
-                // before the last are summed and stored here, the last one below as a one-row tile's (the same bits)
+                // rows (rpt > 1, mk_jr: GGML_MK_VAR_FLOAT_PACK): the tile's rows one after the other, each the one-row
+                // arithmetic; the rows before the last are summed and stored here, the last one below as a one-row
+                // tile's (the same bits)
                 const int nv  = min(32*ng, K - 32*g0);   // (a multiple of 4: mat-vec inputs are)
                 const int rpt = MK_J(R, it.job, rpt);
                 const int nr  = rpt > 1 ? min(rpt, MK_J(R, it.job, ne1) - it.row) : 1;
