@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# session 33, call B (cold): run(command="bash bench/megakernel-h200-2026-12-05/s33-callB.sh",
+# session 33, call B (cold): NOT RUN (its start was refused; the 340 s left could not hold a cold build): s33-callC.sh
+# does the same at its end. As written: run(command="bash bench/megakernel-h200-2026-12-05/s33-callB.sh",
 #   carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"], timeout_s=450)
 # test-mk --verify-cost after its fix (the prompt's asynchronous graph awaited and one untimed batch of each M before the
 # timed ones; call A's M = 1 carried the prompt): the whole calls' ratios and their parts, then the same process with
