@@ -185,6 +185,9 @@ struct ggml_mk_model {
                                               // tile), the warp taking them one after the other with the one-row arithmetic:
                                               // one tile wait and walk for every 2 rows; the same bits (a candidate, session
                                               // 33: not timed yet)
+#define GGML_MK_VAR_STAGE_ROUND       0x40000000 // a verify batch's staging (mk_stage_cols) loads the pending residual's rows for its rms
+                                              // 2 slots a thread per round (E4B's rows of 2560: one round trip, not 2); the
+                                              // same bits (a candidate, session 33: not timed yet)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

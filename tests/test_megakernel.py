@@ -302,14 +302,16 @@ def test_cuda_kernel_on_host_cluster_pass_barrier_planted_bug_fails(tmp_path, cp
 @pytest.mark.parametrize("sb", [2, 3])
 def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cpu_build, sb):
     """mk_stage_cols (the default for 2..4 columns), in one block and split over a cluster of 2 blocks, and the any-batch
-    mk_stage<MK_M> split over a cluster of 2 blocks, against mk_stage
+    mk_stage<MK_M> split over a cluster of 2 blocks, and mk_stage_cols with its rms round 2 slots a round
+    (GGML_MK_VAR_STAGE_ROUND) in one block and over a cluster of 2, against mk_stage
     (GGML_MK_VAR_ITEM_STAGE) at K = 2560, 4096, 10240 (several slots per thread: the separate rms round, rounds of several
     slots), 256 and 2304 (threads without a slot), every staging mode, 1..4 columns; MK_SB 2 (the GPU's) and 3: every
     staged byte (in both blocks of the cluster) and row equal"""
     exe = _build_kernel_emu(tmp_path / "mk_stage_emu", cpu_build, source=STAGE_EMU, sb=sb)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(r.stdout[-2000:])
-    assert r.returncode == 0 and re.search(r"^OK staging slot by slot \(mk_stage_cols, one block and a cluster of 2\) and the any-batch "
+    assert r.returncode == 0 and re.search(r"^OK staging slot by slot \(mk_stage_cols, one block and a cluster of 2, its rms "
+                                           r"round 1 and 2 slots a round\) and the any-batch "
                                            r"staging over a cluster of 2 == mk_stage bitwise: 0 of 120 cases differ", r.stdout, re.M), \
         r.stdout[-3000:] + r.stderr[-2000:]
 
@@ -320,8 +322,8 @@ def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cp
 # the mat-vecs read it (the emulation's rows, at most 8 groups, never reach a swapped slot; the widths test checks every
 # record's d against its group's staged values)
 STAGE_PLANTED = {
-    "rms_slots": ("v[m] = on(m) && f < F4 ? mk_ldcg4((const float4 *) (x.res_h",
-                  "v[m] = on(m) && f < F4 && j == 0 ? mk_ldcg4((const float4 *) (x.res_h",
+    "rms_slots": ("v[b][m] = on(m) && f < F4 && b < RB && j < NJ ? mk_ldcg4((const float4 *) (x.res_h",
+                  "v[b][m] = on(m) && f < F4 && b < RB && j == 0 ? mk_ldcg4((const float4 *) (x.res_h",
                   r"^FAIL K=(2560|4096|10240|2304) residual"),
     "record_places": ("if (q8) {\n        uint8_t * rec = xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;",
                       "if (q8) {\n        uint8_t * rec = xq + (size_t) (m*KG + f/8)*MK_XQ_REC;",
@@ -346,6 +348,10 @@ STAGE_PLANTED = {
                           r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
     "any_batch_columns": ("const int  c0   = pair ? mk_cluster_rank() : 0;", "const int  c0   = 0;",
                           r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
+    # mk_stage_cols's rms round with 2 slots a round (GGML_MK_VAR_STAGE_ROUND): only each round's first slot summed
+    "rms_round_of_2": ("                if (b < RB && j0 + b < NJ) {\n                    MK_UNROLL\n                    for (int m = 0; m < MC; ++m) {\n                        ss[m] = mk_sq4(v[b][m], ss[m]);",
+                       "                if (b == 0 && j0 + b < NJ) {\n                    MK_UNROLL\n                    for (int m = 0; m < MC; ++m) {\n                        ss[m] = mk_sq4(v[b][m], ss[m]);",
+                       r"^FAIL K=(2560|4096|10240|2304) residual.* 2 slots a round"),
 }
 
 

@@ -8,7 +8,8 @@
 #    prompt, two processes each; then both per-phase profiles after the prompt (the per-layer proj+ phase is the one
 #    it changes: s33A 194-206 us a step).
 # 2. test-mk --verify-cost after session 33's fix (the prompt's graph awaited, one untimed batch of each M): the whole
-#    calls' ratios and their parts, then the kernel's own per M (LLAMA_MEGAKERNEL_PROFILE=1), same process.
+#    calls' ratios and their parts, and the kernel's own per M (LLAMA_MEGAKERNEL_PROFILE=1), same process (item 3's
+#    default processes).
 set -u
 t0=$SECONDS
 left() { echo $((585 - (SECONDS - t0))); }
@@ -36,8 +37,15 @@ for v in 0 0x20000000; do
     echo "== profile (variant $v) rc=$? at $((SECONDS - t0)) s"
     grep -E "llama_mk profile" "$OUT/s33C-profile-$v.log" | grep -E "token:|M=1 " | cut -c1-160
 done
-[ "$(left)" -gt 40 ] || exit 0
-LLAMA_MEGAKERNEL_PROFILE=1 timeout -k 5 $(($(left) - 5)) $B/test-mk -m $M -n 8 --rounds 2 --bench-n 8 --max-nmse 10 \
-    --max-disagree 100 --hidden-batches 0 --verify-cost > "$OUT/s33C-verify.log" 2>&1
-echo "== verify-cost rc=$? at $((SECONDS - t0)) s"
-grep -E "verify cost|test-mk:|profile: .* steps of" "$OUT/s33C-verify.log" | cut -c1-400
+# 3. the candidate GGML_MK_VAR_STAGE_ROUND (0x40000000: a verify batch's rms round of the pending residual 2 slots a
+#    round, one round trip instead of 2 on E4B's rows): verify == decode bitwise M = 2..8 under it (test-mk's check 3)
+#    and the verify cost with the kernel's profile, processes default, variant, variant, default
+i=0
+for v in 0 0x40000000 0x40000000 0; do
+    i=$((i + 1))
+    [ "$(left)" -gt 40 ] || break
+    LLAMA_MEGAKERNEL_VARIANT=$v LLAMA_MEGAKERNEL_PROFILE=1 timeout -k 5 $(($(left) - 5)) $B/test-mk -m $M -n 8 --rounds 2 \
+        --bench-n 8 --max-nmse 10 --max-disagree 100 --hidden-batches 0 --verify-cost > "$OUT/s33C-verify-$i-$v.log" 2>&1
+    echo "== verify-cost process $i (variant $v) rc=$? at $((SECONDS - t0)) s"
+    grep -E "verify ==|verify cost|test-mk:|profile: .* steps of|staging" "$OUT/s33C-verify-$i-$v.log" | grep -E "verify|test-mk|steps of|M=3 \(staging" | cut -c1-400
+done

@@ -321,6 +321,8 @@ struct mk_xin {
     float       * res_out;
     const float * nw;  // != NULL: the input is rmsnorm(a') * nw
     float       * nw_out;  // != NULL (with nw): block 0 also writes the normed columns there (K wide)
+    int           sr2;     // mk_stage_cols: the pending residual's rms loads 2 slots a thread per round (GGML_MK_VAR_STAGE_ROUND;
+                           //   set by in(), thread 0)
 };
 
 struct mk_job {
@@ -1319,17 +1321,30 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         for (int m = 0; m < MC; ++m) {
             ss[m] = 0.0f;
         }
+        // RB slots a round (GGML_MK_VAR_STAGE_ROUND, a candidate: 2, x.sr2; else 1): E4B's rows of 2560 (2 slots a
+        // thread) in one round trip instead of 2, the same registers as the values' round below (2 x MC float4); the
+        // sums in slot order either way (the same bits)
+        const int RB = x.sr2 ? 2 : 1;
 #pragma unroll 1
-        for (int j = 0; j < NJ; ++j) {
-            const int f = t + j*MK_THREADS;
-            float4 v[MC];
+        for (int j0 = 0; j0 < NJ; j0 += RB) {
+            float4 v[2][MC];
             MK_UNROLL
-            for (int m = 0; m < MC; ++m) {
-                v[m] = on(m) && f < F4 ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
+            for (int b = 0; b < 2; ++b) {
+                const int j = j0 + b;
+                const int f = t + j*MK_THREADS;
+                MK_UNROLL
+                for (int m = 0; m < MC; ++m) {
+                    v[b][m] = on(m) && f < F4 && b < RB && j < NJ ? mk_ldcg4((const float4 *) (x.res_h + (size_t) (m0 + m)*x.lda) + f) : z4;
+                }
             }
             MK_UNROLL
-            for (int m = 0; m < MC; ++m) {
-                ss[m] = mk_sq4(v[m], ss[m]);
+            for (int b = 0; b < 2; ++b) {
+                if (b < RB && j0 + b < NJ) {
+                    MK_UNROLL
+                    for (int m = 0; m < MC; ++m) {
+                        ss[m] = mk_sq4(v[b][m], ss[m]);
+                    }
+                }
             }
         }
         mk_cols_rms<MC>(ss, rh, Mc, K, eps, red, own());
@@ -2987,6 +3002,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     auto in = [&](auto fx) {
         if (threadIdx.x == 0) {
             s_xin[0] = fx();
+            s_xin[0].sr2 = (a.flags & GGML_MK_VAR_STAGE_ROUND) != 0;
         }
     };
     auto go = [&]() {

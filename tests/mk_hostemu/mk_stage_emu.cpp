@@ -7,7 +7,9 @@
 // bitwise, and group g's record must sit where the mat-vec reads it (mk_rec_slot: its d from group g's staged values).
 // The same for mk_stage_cols and for the any-batch mk_stage<MK_M> split over a cluster of 2 blocks (a launch in clusters of
 // 2, the default on sm_90 unless GGML_MK_VAR_NO_CLUSTER_STAGE: each block stages every other column into both blocks' shared memory): both blocks'
-// staged bytes and the rows written == mk_stage's.
+// staged bytes and the rows written == mk_stage's. And mk_stage_cols with the pending residual's rms round taking 2
+// slots a thread per round (GGML_MK_VAR_STAGE_ROUND, x.sr2; K = 10240: rounds of 2, 2, 1), one block and a cluster of
+// 2: == mk_stage's likewise.
 // Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
@@ -72,10 +74,13 @@ int main() {
                 const int lda = K + 8, ldb = K + 4;   // (row strides wider than K, multiples of 4)
                 std::vector<float> A = rnd((size_t) Mc*lda, 1.0f), Bv = rnd((size_t) Mc*ldb, 1.0f), H = rnd((size_t) Mc*lda, 3.0f);
                 std::vector<float> NW = rnd(K, 0.5f), RNW = rnd(K, 0.7f);
-                // runs: 0 mk_stage, 1 mk_stage_cols, 2 mk_stage_cols and 3 mk_stage<MK_M> over a cluster of 2 blocks
-                std::vector<float> outs[4][2];   // [run][res_out, nw_out]
-                std::vector<char> staged[4];     // (runs 2, 3: both blocks' regions, one after the other)
-                for (int run = 0; run < 4; ++run) {
+                // runs: 0 mk_stage, 1 mk_stage_cols, 2 mk_stage_cols and 3 mk_stage<MK_M> over a cluster of 2 blocks,
+                // 4 and 5 mk_stage_cols with its rms round 2 slots a round (sr2), one block and a cluster of 2
+                constexpr int NR = 6;
+                auto cl_of = [](int run) { return run == 2 || run == 3 || run == 5 ? 2 : 1; };
+                std::vector<float> outs[NR][2];   // [run][res_out, nw_out]
+                std::vector<char> staged[NR];     // (runs on a cluster: both blocks' regions, one after the other)
+                for (int run = 0; run < NR; ++run) {
                     outs[run][0].assign((size_t) Mc*lda, -7.0f);
                     outs[run][1].assign((size_t) Mc*K, -7.0f);
                     mk_xin x = {};
@@ -91,7 +96,7 @@ int main() {
                     x.nw = nw ? NW.data() : nullptr;
                     x.nw_out = nw ? outs[run][1].data() : nullptr;
                     stage_args a = {};
-                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run == 0 ? 0 : run == 3 ? 2 : 1; a.cl = run >= 2 ? 2 : 1;
+                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run == 0 ? 0 : run == 3 ? 2 : 1; a.cl = cl_of(run); a.x.sr2 = run >= 4;   // (x.sr2: GGML_MK_VAR_STAGE_ROUND)
                     a.q8 = mode != 5; a.direct = mode == 2 || mode == 3 || mode == 4;
                     a.eps = 1e-6f;
                     a.xs_bytes = a.direct ? 0 : MK_MC_SMALL*KG*(int) MK_XS_GROUP;
@@ -113,8 +118,8 @@ int main() {
                     const int xsb = mode == 4 || mode == 2 || mode == 3 ? 0 : KG*(int) MK_XS_GROUP;
                     for (int g = 0; g < KG && xsb; ++g) {   // 32 values of each 36-float group (4 floats of padding)
                         same = same && memcmp(&staged[0][xs0 + g*MK_XS_GROUP], &staged[1][xs0 + g*MK_XS_GROUP], 32*sizeof(float)) == 0;
-                        for (int run = 2; run < 4; ++run) {
-                            for (int b = 0; b < 2; ++b) {
+                        for (int run = 2; run < NR; ++run) {
+                            for (int b = 0; b < cl_of(run); ++b) {
                                 same_cl = same_cl && memcmp(&staged[0][xs0 + g*MK_XS_GROUP], &staged[run][b*ob + xs0 + g*MK_XS_GROUP], 32*sizeof(float)) == 0;
                             }
                         }
@@ -123,8 +128,8 @@ int main() {
                         const size_t q0 = (mode == 2 || mode == 3 || mode == 4 ? 0 : (size_t) MK_MC_SMALL*KG*MK_XS_GROUP) + xq0;
                         for (int g = 0; g < KG; ++g) {   // 32 quants, d, sum of q
                             same = same && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[1][q0 + g*MK_XQ_REC], 40) == 0;
-                            for (int run = 2; run < 4; ++run) {
-                                for (int b = 0; b < 2; ++b) {
+                            for (int run = 2; run < NR; ++run) {
+                                for (int b = 0; b < cl_of(run); ++b) {
                                     same_cl = same_cl && memcmp(&staged[0][q0 + g*MK_XQ_REC], &staged[run][b*ob + q0 + g*MK_XQ_REC], 40) == 0;
                                 }
                             }
@@ -145,7 +150,7 @@ int main() {
                 }
                 same = same && memcmp(outs[0][0].data(), outs[1][0].data(), outs[0][0].size()*sizeof(float)) == 0;
                 same = same && memcmp(outs[0][1].data(), outs[1][1].data(), outs[0][1].size()*sizeof(float)) == 0;
-                for (int run = 2; run < 4; ++run) {
+                for (int run = 2; run < NR; ++run) {
                     same_cl = same_cl && memcmp(outs[0][0].data(), outs[run][0].data(), outs[0][0].size()*sizeof(float)) == 0;
                     same_cl = same_cl && memcmp(outs[0][1].data(), outs[run][1].data(), outs[0][1].size()*sizeof(float)) == 0;
                 }
@@ -161,13 +166,15 @@ int main() {
                            !wrote   ? "mk_stage_cols and mk_stage wrote nothing"
                          : !placed  ? "the staging put a group's 8-bit record where the mat-vec does not look for it (mk_rec_slot)"
                          : !same    ? "mk_stage_cols differs bitwise from mk_stage"
-                                    : "mk_stage_cols or mk_stage<MK_M> over a cluster of 2 blocks differs bitwise from "
-                                      "mk_stage (a block's staged bytes or the rows written)");
+                                    : "mk_stage_cols over a cluster of 2 blocks or with 2 slots a round (sr2), or mk_stage<MK_M> "
+                                      "over a cluster of 2 blocks, differs bitwise from mk_stage (a block's staged bytes or "
+                                      "the rows written)");
                 }
             }
         }
     }
-    printf("%s staging slot by slot (mk_stage_cols, one block and a cluster of 2) and the any-batch staging over a cluster "
+    printf("%s staging slot by slot (mk_stage_cols, one block and a cluster of 2, its rms round 1 and 2 slots a round) and "
+           "the any-batch staging over a cluster "
            "of 2 == mk_stage bitwise: %d of %d cases "
            "differ (K = 2560, 4096, 10240, 256, 2304; 6 modes; 1..%d columns)\n", fails ? "FAIL" : "OK", fails, cases,
            MK_MC_SMALL);
