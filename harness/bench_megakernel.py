@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for who in ("megakernel", "graph"):
         if f"verify_{who}" in res:
             costs = ", ".join(f"M={k}: {v:.2f}x" for k, v in res[f"verify_{who}"].items())
-            print(f"verify cost / one token ({who}, whole batch calls: includes the host's fixed time per batch; "
+            print(f"verify cost / one token ({who}, whole batch calls: includes the host's time per batch; "
                   f"the kernel's own ratios: LLAMA_MEGAKERNEL_PROFILE=1): {costs}")
         if f"verify_{who}_parts_us" in res:
             parts = ", ".join(f"M={k}: {v[0]:.0f} / {v[1]:.0f} / {v[2]:.0f}" for k, v in res[f"verify_{who}_parts_us"].items())

@@ -321,8 +321,6 @@ struct mk_xin {
     float       * res_out;
     const float * nw;  // != NULL: the input is rmsnorm(a') * nw
     float       * nw_out;  // != NULL (with nw): block 0 also writes the normed columns there (K wide)
-    int           sr2;     // mk_stage_cols: the pending residual's rms loads 2 slots a thread per round (GGML_MK_VAR_STAGE_ROUND;
-                           //   set by in(), thread 0)
 };
 
 struct mk_job {
@@ -486,6 +484,8 @@ struct mk_mvr {
                     // unless GGML_MK_VAR_PAIR_TAIL (0: as pairs)
     int   f4;       // F32 / F16 / BF16 jobs 4 consecutive values per lane (mk_deq4), unless GGML_MK_VAR_FLOAT_GROUPS (0: a
                     // 32-value group per lane, mk_deq32)
+    int   sr2;      // mk_stage_cols's rms round of the pending residual 2 slots a thread per round (GGML_MK_VAR_STAGE_ROUND,
+                    // a candidate; 0: one)
 };
 
 // field f of job j (0..2) of R
@@ -511,6 +511,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.kq     = (flags & GGML_MK_VAR_KQ_FLOAT) == 0;
     R.tail   = (flags & GGML_MK_VAR_PAIR_TAIL) == 0;
     R.f4     = f4;
+    R.sr2    = (flags & GGML_MK_VAR_STAGE_ROUND) != 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -1294,7 +1295,7 @@ MK_DEVICE void mk_cols_rms(float (&ss)[MC], float (&r)[MC], int Mc, int K, float
 // (H100, NOTES.md session 31): verify launches of 2..5 tokens 0.93-0.94x those staged whole in every block, bits equal
 template <int MC>
 MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
-                                bool direct, unsigned long long * prof) {
+                                bool direct, bool sr2, unsigned long long * prof) {
     static_assert(MC <= MK_MC_SMALL, "the columns in registers");
     float * red = mk_stage_red();
     const bool pair = MK_CLUSTERS && mk_cluster_size() > 1;   // (of 2: mk_step_cl)
@@ -1321,10 +1322,10 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         for (int m = 0; m < MC; ++m) {
             ss[m] = 0.0f;
         }
-        // RB slots a round (GGML_MK_VAR_STAGE_ROUND, a candidate: 2, x.sr2; else 1): E4B's rows of 2560 (2 slots a
+        // RB slots a round (GGML_MK_VAR_STAGE_ROUND, a candidate: 2, mk_mvr.sr2; else 1): E4B's rows of 2560 (2 slots a
         // thread) in one round trip instead of 2, the same registers as the values' round below (2 x MC float4); the
         // sums in slot order either way (the same bits)
-        const int RB = x.sr2 ? 2 : 1;
+        const int RB = sr2 ? 2 : 1;
 #pragma unroll 1
         for (int j0 = 0; j0 < NJ; j0 += RB) {
             float4 v[2][MC];
@@ -1786,7 +1787,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             fe = mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
         if constexpr (COLS && MC <= MK_MC_SMALL) {
-            mk_stage_cols<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
+            mk_stage_cols<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, R.sr2, m0 == 0 ? prof : nullptr);
         } else {
             mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         }
@@ -3002,7 +3003,6 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
     auto in = [&](auto fx) {
         if (threadIdx.x == 0) {
             s_xin[0] = fx();
-            s_xin[0].sr2 = (a.flags & GGML_MK_VAR_STAGE_ROUND) != 0;
         }
     };
     auto go = [&]() {

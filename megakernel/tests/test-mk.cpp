@@ -384,9 +384,9 @@ int main(int argc, char ** argv) {
             ctx_t & c = k == 0 ? A : B;
             prefill(c, prompt);
             const int p0 = np;
-            // the prompt's graph runs asynchronously: without this wait, and one untimed batch of each M (the output
-            // buffer grows to M rows on a first use), the first timed batch carries the prompt (session 33: M = 1
-            // measured ~1 ms a batch too long, 8 batches sharing the prompt's ~8 ms, which pulled every ratio toward 1)
+            // the prompt's graph runs asynchronously: without this wait the first timed batch carries the prompt
+            // (session 33: M = 1 measured ~1 ms a batch too long, 8 batches sharing the prompt's ~8 ms, which pulled
+            // every ratio toward 1); one untimed batch of each M keeps any first use of M rows out of the timing too
             llama_synchronize(c.ctx);
             for (int M = 1; M <= 5; ++M) {
                 llama_batch b = seq_batch(gen_a, 0, M, p0);
@@ -422,8 +422,9 @@ int main(int argc, char ** argv) {
                     llama_batch_free(b);
                 }
             }
-            // whole calls: the host's time per batch (the same in every M) is in them; the kernel's own ratios are
-            // LLAMA_MEGAKERNEL_PROFILE=1's "kernel" lines
+            // whole calls: the host's time per batch is in them (llama_decode's own work, the rows to the host: 125-480
+            // us beside the launch on E4B, session 33); the kernel's own ratios are LLAMA_MEGAKERNEL_PROFILE=1's
+            // "kernel" lines
             printf("verify cost (%s), whole batch call: ", k == 0 ? "megakernel" : "graph");
             for (int M = 1; M <= 5; ++M) {
                 printf("M=%d %.1f us (%.2fx)%s", M, med(t[M]), med(t[M])/med(t[1]), M < 5 ? ", " : "\n");

@@ -8,7 +8,7 @@
 // The same for mk_stage_cols and for the any-batch mk_stage<MK_M> split over a cluster of 2 blocks (a launch in clusters of
 // 2, the default on sm_90 unless GGML_MK_VAR_NO_CLUSTER_STAGE: each block stages every other column into both blocks' shared memory): both blocks'
 // staged bytes and the rows written == mk_stage's. And mk_stage_cols with the pending residual's rms round taking 2
-// slots a thread per round (GGML_MK_VAR_STAGE_ROUND, x.sr2; K = 10240: rounds of 2, 2, 1), one block and a cluster of
+// slots a thread per round (GGML_MK_VAR_STAGE_ROUND, mk_mvr.sr2; K = 10240: rounds of 2, 2, 1), one block and a cluster of
 // 2: == mk_stage's likewise.
 // Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
@@ -28,6 +28,7 @@ struct stage_args {
     mk_xin x;
     int    K, Mc, cols;   // cols: 1 mk_stage_cols, 2 mk_stage<MK_M> (the any-batch code), else mk_stage<MK_MC_SMALL>
     int    cl;            // mk_stage_cols over a cluster of cl blocks
+    bool   sr2;           // mk_stage_cols: its rms round 2 slots a round (mk_mvr.sr2: GGML_MK_VAR_STAGE_ROUND)
     bool   q8, direct;
     int    xs_bytes;
     float  eps;
@@ -40,7 +41,7 @@ static void stage_kernel(const stage_args a) {
     float   * xs = (float *) smem;
     uint8_t * xq = a.direct ? (uint8_t *) xs : (uint8_t *) smem + a.xs_bytes;
     if (a.cols == 1) {
-        mk_stage_cols<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
+        mk_stage_cols<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, a.sr2, nullptr);
     } else if (a.cols == 2) {
         mk_stage<MK_M>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
     } else {
@@ -96,7 +97,7 @@ int main() {
                     x.nw = nw ? NW.data() : nullptr;
                     x.nw_out = nw ? outs[run][1].data() : nullptr;
                     stage_args a = {};
-                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run == 0 ? 0 : run == 3 ? 2 : 1; a.cl = cl_of(run); a.x.sr2 = run >= 4;   // (x.sr2: GGML_MK_VAR_STAGE_ROUND)
+                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run == 0 ? 0 : run == 3 ? 2 : 1; a.cl = cl_of(run); a.sr2 = run >= 4;
                     a.q8 = mode != 5; a.direct = mode == 2 || mode == 3 || mode == 4;
                     a.eps = 1e-6f;
                     a.xs_bytes = a.direct ? 0 : MK_MC_SMALL*KG*(int) MK_XS_GROUP;
