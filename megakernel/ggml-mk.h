@@ -180,14 +180,16 @@ struct ggml_mk_model {
                                               // every other column into its own and its partner's shared memory); the
                                               // same bits. The pairs: verify of 2..5 tokens 0.93-0.94x the launch (H100,
                                               // NOTES.md session 31)
-#define GGML_MK_VAR_FLOAT_PACK        0x20000000 // short F32 / F16 / BF16 rows (one tile each, at least 2 to a tile) packed several to a
-                                              // weight tile (E4B's per-layer projection: 2560 rows of 256 F32 values, 2 to a
-                                              // tile), the warp taking them one after the other with the one-row arithmetic:
-                                              // one tile wait and walk for every 2 rows; the same bits (a candidate, session
-                                              // 33: not timed yet)
-#define GGML_MK_VAR_STAGE_ROUND       0x40000000 // a verify batch's staging (mk_stage_cols) loads the pending residual's rows for its rms
-                                              // 2 slots a thread per round (E4B's rows of 2560: one round trip, not 2); the
-                                              // same bits (a candidate, session 33: not timed yet)
+#define GGML_MK_VAR_NO_FLOAT_PACK     0x20000000 // (before) short F32 / F16 / BF16 rows (one tile each, at least 2 to a tile) one to a
+                                              // weight tile, not packed several to a tile (E4B's per-layer projection: 2560
+                                              // rows of 256 F32 values, 2 to a tile, the warp taking them one after the other
+                                              // with the one-row arithmetic: one tile wait and walk for every 2 rows); the same
+                                              // bits. Packed: 1.028x tg32, 1.010x and 1.007x after a 405-token prompt (H100,
+                                              // session 34)
+#define GGML_MK_VAR_STAGE_ROUND1      0x40000000 // (before) a verify batch's staging (mk_stage_cols) loads the pending residual's rows
+                                              // for its rms 1 slot a thread per round, not 2 (E4B's rows of 2560: 2 round
+                                              // trips, not 1); the same bits. 2 a round: verify kernels of 2..4 tokens
+                                              // 0.982-0.984x (H100, session 34)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -182,8 +182,8 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             # blocks); two clusters with a slow block
             "0x10000000": ["--verify", "2,3,4,5,8", "--variant", "0x10000000", "--vs-default"],
             "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5"],
-            # 0x20000000 (GGML_MK_VAR_FLOAT_PACK, a candidate): short float rows packed several to a tile, bitwise the
-            # default's, one-token and verify steps (the code for up to 4 columns and for any batch)
+            # 0x20000000 (GGML_MK_VAR_NO_FLOAT_PACK, before): short float rows one to a tile, bitwise the default's (packed
+            # several to a tile), one-token and verify steps (the code for up to 4 columns and for any batch)
             "0x20000000": ["--verify", "2,3,4,5,8", "--variant", "0x20000000", "--vs-default"]}
 
 
@@ -303,7 +303,7 @@ def test_cuda_kernel_on_host_cluster_pass_barrier_planted_bug_fails(tmp_path, cp
 def test_cuda_staging_slot_by_slot_equals_the_default_at_e4b_widths(tmp_path, cpu_build, sb):
     """mk_stage_cols (the default for 2..4 columns), in one block and split over a cluster of 2 blocks, and the any-batch
     mk_stage<MK_M> split over a cluster of 2 blocks, and mk_stage_cols with its rms round 2 slots a round
-    (GGML_MK_VAR_STAGE_ROUND) in one block and over a cluster of 2, against mk_stage
+    (the default; 1 under GGML_MK_VAR_STAGE_ROUND1) in one block and over a cluster of 2, against mk_stage
     (GGML_MK_VAR_ITEM_STAGE) at K = 2560, 4096, 10240 (several slots per thread: the separate rms round, rounds of several
     slots), 256 and 2304 (threads without a slot), every staging mode, 1..4 columns; MK_SB 2 (the GPU's) and 3: every
     staged byte (in both blocks of the cluster) and row equal"""
@@ -348,7 +348,7 @@ STAGE_PLANTED = {
                           r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
     "any_batch_columns": ("const int  c0   = pair ? mk_cluster_rank() : 0;", "const int  c0   = 0;",
                           r"^FAIL K=\d+ .* over a cluster of 2 blocks"),
-    # mk_stage_cols's rms round with 2 slots a round (GGML_MK_VAR_STAGE_ROUND): only each round's first slot summed
+    # mk_stage_cols's rms round with 2 slots a round (the default): only each round's first slot summed
     "rms_round_of_2": ("                if (b < RB && j0 + b < NJ) {\n                    MK_UNROLL\n                    for (int m = 0; m < MC; ++m) {\n                        ss[m] = mk_sq4(v[b][m], ss[m]);",
                        "                if (b == 0 && j0 + b < NJ) {\n                    MK_UNROLL\n                    for (int m = 0; m < MC; ++m) {\n                        ss[m] = mk_sq4(v[b][m], ss[m]);",
                        r"^FAIL K=(2560|4096|10240|2304) residual.* 2 slots a round"),
@@ -446,25 +446,27 @@ def test_cuda_kernel_on_host_default_path_planted_bug_fails(tmp_path, cpu_build,
 
 
 def test_cuda_kernel_on_host_float_pack_planted_bug_fails(tmp_path, cpu_build):
-    """GGML_MK_VAR_FLOAT_PACK (0x20000000, a candidate): the emulation's model has short F32 / F16 / BF16 rows, and the
-    variant packs more of its mat-vec jobs than the default does; every row of a packed float tile read from the tile's
-    first must fail the variant's run against the float64 reference and leave the default run (no float packing) passing"""
+    """short float rows packed several to a tile (the default since session 34; 0x20000000, GGML_MK_VAR_NO_FLOAT_PACK,
+    turns it off): the emulation's model has short F32 / F16 / BF16 rows, and the default packs more of its mat-vec jobs
+    than the variant does; every row of a packed float tile read from the tile's first must fail the default run against
+    the float64 reference and leave the variant's run (no float packing) passing"""
     old = "mk_f4_row<MC>(base + (size_t) r*MK_J(R, it.job, nb1),"
     exe = _mutated_kernel_emu(tmp_path, cpu_build, old, "mk_f4_row<MC>(base,")
-    r = subprocess.run([str(exe), "--variant", "0x20000000"], capture_output=True, text=True, timeout=900)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and re.search(r"^FAIL .*NMSE vs float64 reference", r.stdout, re.M), \
         f"packed float rows all read from the tile's first went unnoticed:\n{r.stdout[-3000:]}"
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"the default run packs float rows:\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe), "--variant", "0x20000000"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"variant 0x20000000 (no float packing) packs float rows:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kernel_on_host_float_pack_packs_more_jobs(kernel_emu):
-    """the variant run really packs float rows: it reports more mat-vec jobs in tiles of several rows than the default"""
+    """the default run really packs float rows: it reports more mat-vec jobs in tiles of several rows than variant
+    0x20000000 (GGML_MK_VAR_NO_FLOAT_PACK)"""
     r = subprocess.run([str(kernel_emu), "--variant", "0x20000000", "--vs-default"], capture_output=True, text=True,
                        timeout=900)
     packed = {who: int(n) for who, n in re.findall(r"^(kernel|default kernel): (\d+) of \d+ mat-vec jobs in tiles of several",
                                                    r.stdout, re.M)}
-    assert r.returncode == 0 and packed.get("kernel", 0) > packed.get("default kernel", 1 << 30), r.stdout[-3000:]
+    assert r.returncode == 0 and packed.get("default kernel", 0) > packed.get("kernel", 1 << 30), r.stdout[-3000:]
 
 
 def test_cuda_kernel_on_host_kquant_row_pairs_planted_bug_fails(tmp_path, cpu_build):

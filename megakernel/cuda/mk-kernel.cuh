@@ -402,7 +402,7 @@ MK_HOSTDEV bool mk_is_kq(int type) {
 //
 // short rows (Q4_0/Q8_0, one tile each, at most 16 block pairs) are packed rpt > 1 to a tile: consecutive rows,
 // lpr lanes per row (a power of 2 >= the row's pairs, so lane p still takes pair p and the lane group's sum adds the
-// same numbers in the same order as a whole warp's over one row: the bits do not change); under GGML_MK_VAR_FLOAT_PACK
+// same numbers in the same order as a whole warp's over one row: the bits do not change); unless GGML_MK_VAR_NO_FLOAT_PACK,
 // short F32 / F16 / BF16 rows (f4: 4 values per lane) likewise rpt to a tile, taken one after the other by the whole warp
 // (lpr = WARP_SIZE: each row the one-row path's arithmetic; the tile's wait and bookkeeping once for rpt rows; E4B's
 // per-layer projection, 2560 rows of 256 F32 values, 2 to a tile); nu: the job's tiles (units) of rows
@@ -417,9 +417,9 @@ struct mk_jr {
 };
 
 // pack: rows may be packed (the default; GGML_MK_VAR_ROW_TILES turns it off); kq32: K-quant tiles in multiples of 32
-// groups (the default; GGML_MK_VAR_KQ_TILES turns it off); fpack: float rows may be packed too (GGML_MK_VAR_FLOAT_PACK,
-// with pack and the float rows' 4 values per lane, mk_mvr.f4, which their packed tiles need: aligned for mk_deq4 by
-// the checks below)
+// groups (the default; GGML_MK_VAR_KQ_TILES turns it off); fpack: float rows may be packed too (the default;
+// GGML_MK_VAR_NO_FLOAT_PACK turns it off; with pack and the float rows' 4 values per lane, mk_mvr.f4, which their packed
+// tiles need: aligned for mk_deq4 by the checks below)
 MK_HOSTDEV mk_jr mk_jr_of(const mk_job & jb, bool pack, bool kq32, bool fpack) {
     mk_jr r;
     r.data    = (const uint8_t *) jb.w.data;
@@ -484,8 +484,8 @@ struct mk_mvr {
                     // unless GGML_MK_VAR_PAIR_TAIL (0: as pairs)
     int   f4;       // F32 / F16 / BF16 jobs 4 consecutive values per lane (mk_deq4), unless GGML_MK_VAR_FLOAT_GROUPS (0: a
                     // 32-value group per lane, mk_deq32)
-    int   sr2;      // mk_stage_cols's rms round of the pending residual 2 slots a thread per round (GGML_MK_VAR_STAGE_ROUND,
-                    // a candidate; 0: one)
+    int   sr2;      // mk_stage_cols's rms round of the pending residual 2 slots a thread per round (the default;
+                    // 0: one, GGML_MK_VAR_STAGE_ROUND1)
 };
 
 // field f of job j (0..2) of R
@@ -500,7 +500,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     const bool pack = !mv.pair && !(flags & GGML_MK_VAR_ROW_TILES);   // (a gate/up pair: one row of each per unit)
     const bool kq32 = !(flags & GGML_MK_VAR_KQ_TILES);
     const bool f4   = (flags & GGML_MK_VAR_FLOAT_GROUPS) == 0;
-    const bool fpk  = pack && f4 && (flags & GGML_MK_VAR_FLOAT_PACK);
+    const bool fpk  = pack && f4 && !(flags & GGML_MK_VAR_NO_FLOAT_PACK);
     R.j[0]    = mk_jr_of(mv.jobs[0], pack, kq32, fpk);
     R.j[1]    = mv.n_jobs > 1 ? mk_jr_of(mv.jobs[1], pack, kq32, fpk) : R.j[0];
     R.j[2]    = mv.n_jobs > 2 ? mk_jr_of(mv.jobs[2], pack, kq32, fpk) : R.j[0];
@@ -511,7 +511,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.kq     = (flags & GGML_MK_VAR_KQ_FLOAT) == 0;
     R.tail   = (flags & GGML_MK_VAR_PAIR_TAIL) == 0;
     R.f4     = f4;
-    R.sr2    = (flags & GGML_MK_VAR_STAGE_ROUND) != 0;
+    R.sr2    = (flags & GGML_MK_VAR_STAGE_ROUND1) == 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -1322,7 +1322,7 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         for (int m = 0; m < MC; ++m) {
             ss[m] = 0.0f;
         }
-        // RB slots a round (GGML_MK_VAR_STAGE_ROUND, a candidate: 2, mk_mvr.sr2; else 1): E4B's rows of 2560 (2 slots a
+        // RB slots a round (mk_mvr.sr2: 2, the default; 1 under GGML_MK_VAR_STAGE_ROUND1): E4B's rows of 2560 (2 slots a
         // thread) in one round trip instead of 2, the same registers as the values' round below (2 x MC float4); the
         // sums in slot order either way (the same bits)
         const int RB = sr2 ? 2 : 1;
@@ -1980,7 +1980,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             } else if (R.f4 && mk_deq4_ok(type, base)) {
                 // F32 / F16 / BF16: 4 consecutive values per lane, the warp's 128 in a row (the tile read in order: no
                 // bank conflicts; a row of 256 values on every lane), against the staged inputs' float4 of them. Packed
-                // rows (rpt > 1, mk_jr: GGML_MK_VAR_FLOAT_PACK): the tile's rows one after the other, each the one-row
+                // rows (rpt > 1, mk_jr; not under GGML_MK_VAR_NO_FLOAT_PACK): the tile's rows one after the other, each the one-row
                 // arithmetic; the rows before the last are summed and stored here, the last one below as a one-row
                 // tile's (the same bits)
                 const int nv  = min(32*ng, K - 32*g0);   // (a multiple of 4: mat-vec inputs are)

@@ -8,7 +8,7 @@
 // The same for mk_stage_cols and for the any-batch mk_stage<MK_M> split over a cluster of 2 blocks (a launch in clusters of
 // 2, the default on sm_90 unless GGML_MK_VAR_NO_CLUSTER_STAGE: each block stages every other column into both blocks' shared memory): both blocks'
 // staged bytes and the rows written == mk_stage's. And mk_stage_cols with the pending residual's rms round taking 2
-// slots a thread per round (GGML_MK_VAR_STAGE_ROUND, mk_mvr.sr2; K = 10240: rounds of 2, 2, 1), one block and a cluster of
+// slots a thread per round (the default, mk_mvr.sr2; K = 10240: rounds of 2, 2, 1), one block and a cluster of
 // 2: == mk_stage's likewise.
 // Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
@@ -28,7 +28,7 @@ struct stage_args {
     mk_xin x;
     int    K, Mc, cols;   // cols: 1 mk_stage_cols, 2 mk_stage<MK_M> (the any-batch code), else mk_stage<MK_MC_SMALL>
     int    cl;            // mk_stage_cols over a cluster of cl blocks
-    bool   sr2;           // mk_stage_cols: its rms round 2 slots a round (mk_mvr.sr2: GGML_MK_VAR_STAGE_ROUND)
+    bool   sr2;           // mk_stage_cols: its rms round 2 slots a round (mk_mvr.sr2: the default; not GGML_MK_VAR_STAGE_ROUND1)
     bool   q8, direct;
     int    xs_bytes;
     float  eps;
