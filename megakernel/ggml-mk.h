@@ -190,11 +190,6 @@ struct ggml_mk_model {
                                               // for its rms 1 slot a thread per round, not 2 (E4B's rows of 2560: 2 round
                                               // trips, not 1); the same bits. 2 a round: verify kernels of 2..4 tokens
                                               // 0.982-0.984x (H100, session 34)
-#define GGML_MK_VAR_VAL_ROUND2        0x80000000u // a verify batch's staging over a pair of blocks (mk_stage_cols) loads the values
-                                              // 2 slots a thread per round for the block's own columns (at most 2 of 4: held
-                                              // by the block's column index, not all 4 predicated), not 1 (E4B's rows of
-                                              // 2560: one round trip, not 2; of 10240: 3, not 5); the same bits (a
-                                              // candidate, session 34: not timed yet)
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //

@@ -484,9 +484,8 @@ struct mk_mvr {
                     // unless GGML_MK_VAR_PAIR_TAIL (0: as pairs)
     int   f4;       // F32 / F16 / BF16 jobs 4 consecutive values per lane (mk_deq4), unless GGML_MK_VAR_FLOAT_GROUPS (0: a
                     // 32-value group per lane, mk_deq32)
-    int   sr;       // mk_stage_cols's rounds of loads, bits: 1, the rms round of the pending residual 2 slots a thread
-                    // per round (the default; not under GGML_MK_VAR_STAGE_ROUND1: one); 2, over a pair of blocks the
-                    // values' rounds 2 slots a thread for the block's own columns (GGML_MK_VAR_VAL_ROUND2, a candidate)
+    int   sr2;      // mk_stage_cols's rms round of the pending residual 2 slots a thread per round (the default;
+                    // 0: one, GGML_MK_VAR_STAGE_ROUND1)
 };
 
 // field f of job j (0..2) of R
@@ -512,7 +511,7 @@ MK_HOSTDEV mk_mvr mk_mvr_of(const mk_mv & mv, int flags) {
     R.kq     = (flags & GGML_MK_VAR_KQ_FLOAT) == 0;
     R.tail   = (flags & GGML_MK_VAR_PAIR_TAIL) == 0;
     R.f4     = f4;
-    R.sr     = ((flags & GGML_MK_VAR_STAGE_ROUND1) ? 0 : 1) | ((flags & GGML_MK_VAR_VAL_ROUND2) ? 2 : 0);
+    R.sr2    = (flags & GGML_MK_VAR_STAGE_ROUND1) == 0;
     R.units = mv.pair ? R.j[0].ne1 : R.j[0].nu + (mv.n_jobs > 1 ? R.j[1].nu : 0) + (mv.n_jobs > 2 ? R.j[2].nu : 0);
     return R;
 }
@@ -1296,7 +1295,7 @@ MK_DEVICE void mk_cols_rms(float (&ss)[MC], float (&r)[MC], int Mc, int K, float
 // (H100, NOTES.md session 31): verify launches of 2..5 tokens 0.93-0.94x those staged whole in every block, bits equal
 template <int MC>
 MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float eps, float * xs, uint8_t * xq, bool q8,
-                                bool direct, int sr, unsigned long long * prof) {
+                                bool direct, bool sr2, unsigned long long * prof) {
     static_assert(MC <= MK_MC_SMALL, "the columns in registers");
     float * red = mk_stage_red();
     const bool pair = MK_CLUSTERS && mk_cluster_size() > 1;   // (of 2: mk_step_cl)
@@ -1323,10 +1322,10 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
         for (int m = 0; m < MC; ++m) {
             ss[m] = 0.0f;
         }
-        // RB slots a round (mk_mvr.sr bit 1: 2, the default; 1 under GGML_MK_VAR_STAGE_ROUND1): E4B's rows of 2560 (2 slots a
+        // RB slots a round (mk_mvr.sr2: 2, the default; 1 under GGML_MK_VAR_STAGE_ROUND1): E4B's rows of 2560 (2 slots a
         // thread) in one round trip instead of 2, the same registers as the values' round below (2 x MC float4); the
         // sums in slot order either way (the same bits)
-        const int RB = (sr & 1) ? 2 : 1;
+        const int RB = sr2 ? 2 : 1;
 #pragma unroll 1
         for (int j0 = 0; j0 < NJ; j0 += RB) {
             float4 v[2][MC];
@@ -1357,56 +1356,8 @@ MK_DEVICE_FN void mk_stage_cols(const mk_xin & x, int K, int m0, int Mc, float e
     for (int m = 0; m < MC; ++m) {
         ss[m] = 0.0f;
     }
-    const bool vr2 = pair && (sr & 2) && !one;
-    if (vr2) {
-        // over a pair (GGML_MK_VAR_VAL_ROUND2, a candidate): the block's own columns only, m = 2i + rank (at most ML of
-        // MC), in registers by i, so that 2 slots a round take the registers MC columns of one slot take (E4B's rows of
-        // 2560: one round trip, not 2; of 10240: 3, not 5); each column's slots still in order, with the same calls
-        constexpr int ML = (MC + 1)/2;
-        const int rk = mk_cluster_rank();
-        float ssl[ML], rhl[ML];
-        MK_UNROLL
-        for (int i = 0; i < ML; ++i) {
-            ssl[i] = 0.0f;
-            rhl[i] = res && !gl ? (rk ? (2*i + 1 < MC ? rh[2*i + 1] : 0.0f) : rh[2*i]) : 0.0f;
-        }
 #pragma unroll 1
-        for (int j0 = 0; j0 < NJ; j0 += 2) {
-            float4 va[2][ML], vb[2][ML], vw[2], vn[2];
-            MK_UNROLL
-            for (int b = 0; b < 2; ++b) {   // every load of the round first
-                const int  f   = t + (j0 + b)*MK_THREADS;
-                const bool okv = f < F4 && j0 + b < NJ;
-                MK_UNROLL
-                for (int i = 0; i < ML; ++i) {
-                    const int m = 2*i + rk;
-                    mk_stage_ld(x, (size_t) (m0 + m), f, m < Mc && okv, va[b][i], vb[b][i]);
-                }
-                vw[b] = okv && res  ? ((const float4 *) x.res_nw)[f] : z4;
-                vn[b] = okv && x.nw ? ((const float4 *) x.nw)[f] : z4;
-            }
-            MK_UNROLL
-            for (int b = 0; b < 2; ++b) {
-                if (j0 + b < NJ) {
-                    const int f = t + (j0 + b)*MK_THREADS;
-                    MK_UNROLL
-                    for (int i = 0; i < ML; ++i) {
-                        const int m = 2*i + rk;
-                        if (m < Mc) {
-                            mk_stage_put(x, mk_stage_val(x, va[b][i], vb[b][i], vw[b], rhl[i]), vn[b], ssl[i], m0, m, f, F4,
-                                         F, KG, direct, xs, xq, (int) blockIdx.x == rk, pair);
-                        }
-                    }
-                }
-            }
-        }
-        MK_UNROLL
-        for (int m = 0; m < MC; ++m) {
-            ss[m] = (m & 1) == rk ? ssl[m/2] : ss[m];
-        }
-    }
-#pragma unroll 1
-    for (int j = 0; !vr2 && j < NJ; ++j) {   // (else: one slot a round, every column predicated)
+    for (int j = 0; j < NJ; ++j) {
         const int  f   = t + j*MK_THREADS;
         const bool okv = f < F4;
         float4 va[MC], vb[MC];
@@ -1836,7 +1787,7 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
             fe = mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
         if constexpr (COLS && MC <= MK_MC_SMALL) {
-            mk_stage_cols<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, R.sr, m0 == 0 ? prof : nullptr);
+            mk_stage_cols<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, R.sr2, m0 == 0 ? prof : nullptr);
         } else {
             mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
         }

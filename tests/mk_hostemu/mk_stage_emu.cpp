@@ -8,9 +8,8 @@
 // The same for mk_stage_cols and for the any-batch mk_stage<MK_M> split over a cluster of 2 blocks (a launch in clusters of
 // 2, the default on sm_90 unless GGML_MK_VAR_NO_CLUSTER_STAGE: each block stages every other column into both blocks' shared memory): both blocks'
 // staged bytes and the rows written == mk_stage's. And mk_stage_cols with the pending residual's rms round taking 2
-// slots a thread per round (the default, mk_mvr.sr bit 1; K = 10240: rounds of 2, 2, 1), one block and a cluster of
-// 2, and over a cluster of 2 with the values' rounds 2 slots a thread too (the block's own columns, GGML_MK_VAR_VAL_ROUND2,
-// mk_mvr.sr bit 2; K = 10240: rounds of 2, 2, 1): == mk_stage's likewise.
+// slots a thread per round (the default, mk_mvr.sr2; K = 10240: rounds of 2, 2, 1), one block and a cluster of
+// 2: == mk_stage's likewise.
 // Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
@@ -29,8 +28,7 @@ struct stage_args {
     mk_xin x;
     int    K, Mc, cols;   // cols: 1 mk_stage_cols, 2 mk_stage<MK_M> (the any-batch code), else mk_stage<MK_MC_SMALL>
     int    cl;            // mk_stage_cols over a cluster of cl blocks
-    int    sr;            // mk_stage_cols's rounds (mk_mvr.sr): bit 1 its rms round 2 slots a round (the default), bit 2
-                          // over a pair the values 2 slots a round (GGML_MK_VAR_VAL_ROUND2)
+    bool   sr2;           // mk_stage_cols: its rms round 2 slots a round (mk_mvr.sr2: the default; not GGML_MK_VAR_STAGE_ROUND1)
     bool   q8, direct;
     int    xs_bytes;
     float  eps;
@@ -43,7 +41,7 @@ static void stage_kernel(const stage_args a) {
     float   * xs = (float *) smem;
     uint8_t * xq = a.direct ? (uint8_t *) xs : (uint8_t *) smem + a.xs_bytes;
     if (a.cols == 1) {
-        mk_stage_cols<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, a.sr, nullptr);
+        mk_stage_cols<MK_MC_SMALL>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, a.sr2, nullptr);
     } else if (a.cols == 2) {
         mk_stage<MK_M>(a.x, a.K, 0, a.Mc, a.eps, xs, xq, a.q8, a.direct, nullptr);
     } else {
@@ -78,10 +76,9 @@ int main() {
                 std::vector<float> A = rnd((size_t) Mc*lda, 1.0f), Bv = rnd((size_t) Mc*ldb, 1.0f), H = rnd((size_t) Mc*lda, 3.0f);
                 std::vector<float> NW = rnd(K, 0.5f), RNW = rnd(K, 0.7f);
                 // runs: 0 mk_stage, 1 mk_stage_cols, 2 mk_stage_cols and 3 mk_stage<MK_M> over a cluster of 2 blocks,
-                // 4 and 5 mk_stage_cols with its rms round 2 slots a round (sr), one block and a cluster of 2, 6 also
-                // the values 2 slots a round over a cluster of 2
-                constexpr int NR = 7;
-                auto cl_of = [](int run) { return run == 2 || run == 3 || run == 5 || run == 6 ? 2 : 1; };
+                // 4 and 5 mk_stage_cols with its rms round 2 slots a round (sr2), one block and a cluster of 2
+                constexpr int NR = 6;
+                auto cl_of = [](int run) { return run == 2 || run == 3 || run == 5 ? 2 : 1; };
                 std::vector<float> outs[NR][2];   // [run][res_out, nw_out]
                 std::vector<char> staged[NR];     // (runs on a cluster: both blocks' regions, one after the other)
                 for (int run = 0; run < NR; ++run) {
@@ -100,7 +97,7 @@ int main() {
                     x.nw = nw ? NW.data() : nullptr;
                     x.nw_out = nw ? outs[run][1].data() : nullptr;
                     stage_args a = {};
-                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run == 0 ? 0 : run == 3 ? 2 : 1; a.cl = cl_of(run); a.sr = (run >= 4 ? 1 : 0) | (run == 6 ? 2 : 0);
+                    a.x = x; a.K = K; a.Mc = Mc; a.cols = run == 0 ? 0 : run == 3 ? 2 : 1; a.cl = cl_of(run); a.sr2 = run >= 4;
                     a.q8 = mode != 5; a.direct = mode == 2 || mode == 3 || mode == 4;
                     a.eps = 1e-6f;
                     a.xs_bytes = a.direct ? 0 : MK_MC_SMALL*KG*(int) MK_XS_GROUP;
@@ -170,15 +167,14 @@ int main() {
                            !wrote   ? "mk_stage_cols and mk_stage wrote nothing"
                          : !placed  ? "the staging put a group's 8-bit record where the mat-vec does not look for it (mk_rec_slot)"
                          : !same    ? "mk_stage_cols differs bitwise from mk_stage"
-                                    : "mk_stage_cols over a cluster of 2 blocks or with 2 slots a round (sr), or mk_stage<MK_M> "
+                                    : "mk_stage_cols over a cluster of 2 blocks or with 2 slots a round (sr2), or mk_stage<MK_M> "
                                       "over a cluster of 2 blocks, differs bitwise from mk_stage (a block's staged bytes or "
                                       "the rows written)");
                 }
             }
         }
     }
-    printf("%s staging slot by slot (mk_stage_cols, one block and a cluster of 2, its rms round 1 and 2 slots a round, its "
-           "values 2 slots a round over a cluster of 2) and "
+    printf("%s staging slot by slot (mk_stage_cols, one block and a cluster of 2, its rms round 1 and 2 slots a round) and "
            "the any-batch staging over a cluster "
            "of 2 == mk_stage bitwise: %d of %d cases "
            "differ (K = 2560, 4096, 10240, 256, 2304; 6 modes; 1..%d columns)\n", fails ? "FAIL" : "OK", fails, cases,
