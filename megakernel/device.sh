@@ -11,7 +11,8 @@
 #   vs the graph and MK_CTX_VARIANT), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
 #   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV; both after a ~390-token prompt with MK_NCU_LONG=1), ncuv (one verify launch
 #   of MK_NCU_M tokens, default 4: sections + SASS samples; first run in session 25), e2e (MTP speculation end to end
-#   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize, ab (two builds A/B, MK_AB_BASE: see stage_ab; last). Logs and results under $OUT (every stage tees its full output there).
+#   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize, sides (side b: MK_AB_BASE's megakernel built into the same tree, see stage_sides), vcost (verify kernels per
+#   side, MK_VCOST_SIDES), ab (two builds A/B, MK_AB_BASE: see stage_ab; last). Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_CHECK_ARGS (check: extra nvcc options),
 #   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
@@ -389,23 +390,52 @@ stage_sanitize() {
 # (megakernel vs graph: the graph is the same code on both sides, so it shows the machine's drift), then tg256 after the
 # long prompt; then each side's per-phase profile after the long prompt. A change meant to keep the bits prints the
 # same check lines (NMSE, greedy) on both sides
-stage_ab() {
-    local base="${MK_AB_BASE:?MK_AB_BASE: the base megakernel sources}" m side r long
+# the two sides of an A/B in one build tree: side a (bin-a) the binaries stage build made from this tree, side b (bin-b)
+# the megakernel sources of MK_AB_BASE (a `megakernel` folder, e.g. `git archive REV megakernel` unpacked) built into the
+# same tree (only libllama and test-mk change). Stages ab and vcost run them
+stage_sides() {
+    local base="${MK_AB_BASE:?MK_AB_BASE: the megakernel sources of side b}" side
     base="$(cd "$base" && pwd)" || return 1
-    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
-    long=$(long_prompt)
     rm -rf "$WORK/bin-a" "$WORK/bin-b" && cp -a "$BLD/bin" "$WORK/bin-a" || return 1
-    log "ab: the base megakernel ($base) into the same build tree"
+    log "sides: the megakernel of $base into the same build tree (side b)"
     local t0=$SECONDS
     cmake -S "$SRC" -B "$BLD" -DGGML_MEGAKERNEL_DIR="$base" > "$OUT/ab-build.log" 2>&1 &&
         ninja -C "$BLD" -j "$JOBS" llama >> "$OUT/ab-build.log" 2>&1 &&
         g++ -std=c++17 -O2 -o "$BLD/bin/test-mk" "$base/tests/test-mk.cpp" -I"$SRC/include" -I"$SRC/src" -I"$SRC/ggml/include" \
             -L"$BLD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$BLD/bin" >> "$OUT/ab-build.log" 2>&1 || { tail -20 "$OUT/ab-build.log"; return 1; }
-    log "ab: base built in $((SECONDS - t0)) s"
+    log "sides: side b built in $((SECONDS - t0)) s"
     cp -a "$BLD/bin" "$WORK/bin-b" || return 1
     for side in a b; do
         echo "side $side:"; LD_LIBRARY_PATH="$WORK/bin-$side" ldd "$WORK/bin-$side/test-mk" | grep -E "libllama|libggml"
     done
+}
+
+# verify steps' kernels per side (after stage sides): test-mk --verify-cost with the kernel's profile in processes of
+# MK_VCOST_SIDES (default "a b b a a b"; "a+V": side a with LLAMA_MEGAKERNEL_VARIANT=V), on the last model of MK_MODELS;
+# one line per process: the kernel's us for steps of M = 1..5 tokens, and test-mk's bitwise checks (verify == decode)
+stage_vcost() {
+    local m sv side v rc=0
+    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    for sv in ${MK_VCOST_SIDES:-a b b a a b}; do
+        side=${sv%%+*}; v=0; [ "$sv" != "$side" ] && v=${sv#*+}
+        echo "#### side $sv" >> "$OUT/vcost.log"
+        LD_LIBRARY_PATH="$WORK/bin-$side" LLAMA_MEGAKERNEL_VARIANT=$v LLAMA_MEGAKERNEL_PROFILE=1 "$WORK/bin-$side/test-mk" \
+            -m "$(model_path "$m")" -n 8 --rounds 2 --bench-n 8 --max-nmse 10 --max-disagree 100 --hidden-batches 0 \
+            --verify-cost > "$OUT/vcost-1.log" 2>&1 || rc=1
+        cat "$OUT/vcost-1.log" >> "$OUT/vcost.log"
+        log "vcost side $sv: $(grep -E "steps of [1-5] tok" "$OUT/vcost-1.log" |
+            sed -E 's/.*steps of ([0-9]) tokens?: kernel ([0-9.]+) us.*/M=\1 \2/' | tr '\n' ' ')"
+        grep -E "verify ==|FAIL" "$OUT/vcost-1.log"
+    done
+    rm -f "$OUT/vcost-1.log"
+    return $rc
+}
+
+stage_ab() {
+    local m side r long
+    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    long=$(long_prompt)
+    stage_sides || return 1
     for r in $(seq "${MK_AB_ROUNDS:-2}"); do
         for side in a b b a; do
             log "ab: round $r side $side"
@@ -422,7 +452,7 @@ stage_ab() {
     done
 }
 
-[ $# -gt 0 ] || { sed -n 2,12p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n "2,/^set -uo/p" "$0" | sed "$ d"; exit 2; }
 unpack
 rc=0
 for st in "$@"; do
