@@ -17,12 +17,15 @@
 //           a ring of R slots of CB bytes and waits only for free slots, never for a grid barrier; the other 15 warps
 //           consume the slots (and do the staging and the barriers), so the stream runs ahead across the barriers by up
 //           to the ring's size (the "No Bubbles" form of a megakernel)
+// and (--stage, session 35, only that) a study of the staging: every block staging a phase's inputs with the kernel's own
+// functions against the inputs staged once for the grid (floor_stage_kernel, below).
 // The phase list (bytes per phase, in the kernel body's order) comes from a file (bench/megakernel-floor/phases.py makes
 // it from a GGUF); a last run streams every byte in one phase (the bandwidth reference). Prints the median time of a
 // step over --reps launches, per phase, and the tokens per second it allows.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -I$SRC/ggml/src -I$SRC/ggml/include -Imegakernel -Imegakernel/cuda \
 //        bench/megakernel-floor/floor.cu -o floor && ./floor --phases phases.txt [--reps 20] [--k 2560] [--quick]
+//   ./floor --phases phases.txt --stage [--k 2560 --k-ff 10240]   (the study uses only the list's length)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -325,17 +328,183 @@ __global__ void __launch_bounds__(MK_THREADS) floor_ring_kernel(const uint8_t * 
     }
 }
 
+
+// The staging study (session 35, --stage): a phase's inputs staged by every block with the kernel's own functions
+// (mk_stage<1>, mk_stage_cols<4>: each block loads every column's K floats, takes the block sums, rounds every 32-value
+// group to its 8-bit record; the launch here is not clustered, so M >= 2 is the kernel's unclustered staging) against
+// the same inputs staged once for the grid (block b rounds only its slice of the groups into records in global memory;
+// after a grid barrier every block pulls the records with one bulk copy). No weights: each phase is the staging, the
+// producing phase's slice writes and the grid barriers. Two kinds of input, as in the kernel:
+//   res    E4B's normed inputs (Q/K/V, gate/up, LM head): a' = (a + h*rms(h)*res_nw)*res_scale, then rmsnorm(a')*nw.
+//          Staged once it costs a second grid barrier a phase: rms(h) comes from per-block partial sums of squares the
+//          producing phase writes, and rms(a') is known only after every slice is done, so the records are of a'*nw
+//          unscaled (its 1/rms would scale d where the records are used: other bits than the kernel's, the same for
+//          every M)
+//   plain  down's input (gelu(gate)*up, rounded straight from registers): staged once, the producing phase rounds its
+//          own slice before its barrier, so no barrier is added
+// What the values are does not matter here (the times do); every wait is the kernel's.
+struct floor_st {
+    float         * a;      // 2 x MK_MC_SMALL x K: the phase's input, written by the phase before (its slices; two
+                            // buffers by phase parity)
+    float         * h;      // the same for the pending residual (res)
+    const float   * res_nw; // K
+    const float   * nw;     // K
+    float         * res_out;
+    float         * part;   // 3 x gridDim.x x MK_M: per-block sums of squares: h's (written by the producing phase, two
+                            // buffers by phase parity), a''s
+    uint8_t       * rec;    // 2 x M x KG records of MK_XQ_REC bytes (staged once; two buffers by phase parity)
+};
+
+__global__ void __launch_bounds__(MK_THREADS) floor_stage_kernel(floor_st s, int n_phases, int K, int M, int res, int once,
+                                                                unsigned * bar, unsigned long long * sink) {
+    MK_SHARED_DYN(float4, floor_dyn);
+    const int KG = K/32;
+    float   * xs = (float *) floor_dyn;                                            // M x KG groups of MK_XS_GROUP
+    uint8_t * xq = (uint8_t *) floor_dyn + (res ? (size_t) M*KG*MK_XS_GROUP : 0);  // M x KG records
+    __shared__ unsigned long long mbar;
+    __shared__ float red[MK_WARPS*MK_M];
+    const int t = threadIdx.x, warp = t / WARP_SIZE, lane = t % WARP_SIZE;
+    const int nb = gridDim.x, b = blockIdx.x;
+    const float eps = 1e-6f;
+    if (t == 0) {
+        mk_mbar_init(&mbar);
+    }
+    mk_mbar_init_fence();
+    __syncthreads();
+    unsigned acc = 0, parity = 0;
+    // block b's groups of each column (staged once), and its slice of each column's values (the producing phase)
+    const int g0 = (int) ((long long) KG*b/nb), g1 = (int) ((long long) KG*(b + 1)/nb);
+    auto sum_parts = [&](const float * pp, float (&r)[MK_MC_SMALL]) {   // the blocks' partial sums, in block order
+        for (int m = 0; m < MK_MC_SMALL; ++m) {
+            float v = 0.0f;
+            if (m < M) {
+                for (int i = lane; i < nb; i += WARP_SIZE) {
+                    v += pp[i*MK_M + m];
+                }
+            }
+            r[m] = 1.0f/sqrtf(mk_warp_sum(v)/K + eps);
+        }
+    };
+    for (int p = 0; p < n_phases; ++p) {
+        float   * hp = s.part + (size_t) (p % 2)*nb*MK_M;         // h's sums, written by the phase before
+        float   * hn = s.part + (size_t) ((p + 1) % 2)*nb*MK_M;   // the next phase's
+        float   * ap = s.part + (size_t) 2*nb*MK_M;                // a''s sums, this phase
+        uint8_t * rc = s.rec + (size_t) (p % 2)*M*KG*MK_XQ_REC;    // this phase's records
+        uint8_t * rn = s.rec + (size_t) ((p + 1) % 2)*M*KG*MK_XQ_REC;
+        const size_t SB = (size_t) MK_MC_SMALL*K;                   // the inputs: two buffers by phase parity
+        const float * ain = s.a + (p % 2)*SB, * hin = s.h + (p % 2)*SB;
+        float * aout = s.a + ((p + 1) % 2)*SB, * hout = s.h + ((p + 1) % 2)*SB;
+        if (!once) {
+            mk_xin x = { MK_X_PLAIN, ain, K, nullptr, 0, res ? hin : nullptr, res ? s.res_nw : nullptr, 1.0f,
+                         res ? s.res_out : nullptr, res ? s.nw : nullptr, nullptr };
+            if (M == 1) {
+                mk_stage<1>(x, K, 0, 1, eps, xs, xq, true, !res, nullptr);
+            } else {
+                mk_stage_cols<MK_MC_SMALL>(x, K, 0, M, eps, xs, xq, true, !res, true, nullptr);
+            }
+            acc ^= ((const unsigned *) xq)[t % (KG*MK_XQ_REC/4)];
+        } else if (res) {
+            // this block's slice: rms(h) from the partial sums, a', its sum of squares, the records of a'*nw
+            float rh[MK_MC_SMALL];
+            sum_parts(hp, rh);
+            const int items = (g1 - g0)*8*M;   // slots: 8 a group
+            float ss[MK_MC_SMALL] = { 0.0f, 0.0f, 0.0f, 0.0f };
+            for (int i0 = 0; i0 < items; i0 += MK_THREADS) {   // (every lane of a warp calls mk_q8_slot)
+                const int i = i0 + t, m = i / ((g1 - g0)*8), f = g0*8 + i % ((g1 - g0)*8);
+                const bool ok = i < items;
+                float4 va, vb;
+                mk_stage_ld({ MK_X_PLAIN, ain, K, nullptr, 0, hin, s.res_nw, 1.0f, nullptr, s.nw, nullptr },
+                            (size_t) (ok ? m : 0), f, ok, va, vb);
+                const float4 vw = ok ? ((const float4 *) s.res_nw)[f] : mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
+                const float4 vn = ok ? ((const float4 *) s.nw)[f] : mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
+                mk_xin x = { MK_X_PLAIN, ain, K, nullptr, 0, hin, s.res_nw, 1.0f, nullptr, s.nw, nullptr };
+                const float4 v = mk_stage_val(x, va, vb, vw, ok ? rh[m] : 0.0f);
+                if (ok) {
+                    ((float4 *) (s.res_out + (size_t) m*K))[f] = v;
+                }
+                MK_UNROLL
+                for (int c = 0; c < MK_MC_SMALL; ++c) {
+                    ss[c] = ok && c == m ? mk_sq4(v, ss[c]) : ss[c];
+                }
+                mk_q8_slot(mk_mul4(v, vn), f, ok, rc + ((size_t) (ok ? m : 0)*KG + mk_rec_slot(f/8))*MK_XQ_REC);
+            }
+            mk_block_sums<MK_MC_SMALL>(ss, M, red);
+            if (t < M) {
+                ap[b*MK_M + t] = t == 0 ? ss[0] : t == 1 ? ss[1] : t == 2 ? ss[2] : ss[3];
+            }
+            __syncthreads();
+            if (t == 0) {
+                mk_grid_arrive_wait(bar, nullptr, 0, 0);
+            }
+            __syncthreads();
+        }
+        if (once) {
+            // every block: the records by one bulk copy (after the generic stores of the other blocks: a proxy fence),
+            // the norm's 1/rms from the partial sums meanwhile (res)
+            if (t == 0) {
+                asm volatile("fence.proxy.async.global;" ::: "memory");
+                mk_bulk_copy(xq, rc, (unsigned) (M*KG*MK_XQ_REC), &mbar);
+            }
+            if (res && warp == 0) {
+                float r[MK_MC_SMALL];
+                sum_parts(ap, r);
+                if (lane == 0) {
+                    red[0] = r[0];
+                }
+            }
+            mk_mbar_wait(&mbar, parity);
+            parity ^= 1u;
+            acc ^= ((const unsigned *) xq)[t % (KG*MK_XQ_REC/4)];
+        }
+        // the producing phase: this block's slice of the next inputs (and, for res staged once, its sums of squares of
+        // h; for plain staged once, the records of its groups, rounded before the barrier)
+        __syncthreads();
+        const float val = (float) (acc & 1) + 1.0f;
+        for (int m = 0; m < M; ++m) {
+            for (int i = g0*32 + t; i < g1*32; i += MK_THREADS) {
+                aout[(size_t) m*K + i] = val;
+                if (res) {
+                    hout[(size_t) m*K + i] = val;
+                }
+            }
+        }
+        if (once && res && t < M) {
+            hn[b*MK_M + t] = val*(g1 - g0)*32;   // (the slice's sums of squares, as a producing phase would add them up)
+        }
+        if (once && !res) {
+            const int items = (g1 - g0)*8*M;
+            for (int i0 = 0; i0 < items; i0 += MK_THREADS) {
+                const int i = i0 + t, m = i / ((g1 - g0)*8), f = g0*8 + i % ((g1 - g0)*8);
+                const bool ok = i < items;
+                mk_q8_slot(mk_f4(val, val, val, val), f, ok, rn + ((size_t) (ok ? m : 0)*KG + mk_rec_slot(f/8))*MK_XQ_REC);
+            }
+        }
+        __syncthreads();
+        if (t == 0) {
+            mk_grid_arrive_wait(bar, nullptr, 0, 0);
+        }
+        __syncthreads();
+    }
+    if (acc == 0x12345678u) {
+        sink[0] = acc;
+    }
+}
+
 int main(int argc, char ** argv) {
     std::string phases_path;
-    int reps = 20, K = 2560, first = 0;
-    bool quick = false;
+    int reps = 20, K = 2560, KF = 10240, first = 0;
+    bool quick = false, stage = false;
     const char * usage =
-        "usage: %s --phases FILE [--reps R] [--k K] [--first N] [--quick]\n"
+        "usage: %s --phases FILE [--reps R] [--k K] [--first N] [--quick] [--stage [--k-ff KF]]\n"
         "  --phases FILE  one phase per line, \"BYTES NAME\" (bench/megakernel-floor/phases.py makes it from a GGUF)\n"
         "  --reps R       timed launches per configuration (the median is printed; default 20)\n"
         "  --k K          the staged vector's length (the model's hidden size; default 2560)\n"
         "  --first N      only the first N phases of the list\n"
-        "  --quick        a smoke test: 3 launches of each configuration (first 40 phases unless --first)\n";
+        "  --quick        a smoke test: 3 launches of each configuration (first 40 phases unless --first)\n"
+        "  --stage        only the staging study: a phase's inputs staged by every block (the kernel's mk_stage /\n"
+        "                 mk_stage_cols) against staged once for the grid, M = 1..4 columns, as many phases as the\n"
+        "                 list has, no weights: normed inputs of K floats (res) and down's plain inputs of KF (plain)\n"
+        "  --k-ff KF      the plain inputs' length (the FFN's width; default 10240)\n";
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto next = [&]() { if (i + 1 >= argc) { fprintf(stderr, "floor: missing value for %s\n", a.c_str()); exit(2); } return std::string(argv[++i]); };
@@ -344,14 +513,16 @@ int main(int argc, char ** argv) {
         else if (a == "--k") K = std::stoi(next());
         else if (a == "--first") first = std::stoi(next());
         else if (a == "--quick") quick = true;
+        else if (a == "--stage") stage = true;
+        else if (a == "--k-ff") KF = std::stoi(next());
         else { fprintf(stderr, usage, argv[0]); return 2; }
     }
     if (quick) {
         reps = 3;
         first = first > 0 ? first : 40;
     }
-    if (K < 4 || K % 4 != 0 || reps < 1) {
-        fprintf(stderr, "floor: --k must be a positive multiple of 4 and --reps positive\n");
+    if (K < 4 || K % 4 != 0 || reps < 1 || (stage && (K % 32 != 0 || KF < 32 || KF % 32 != 0))) {
+        fprintf(stderr, "floor: --k must be a positive multiple of 4 (of 32 with --stage, as --k-ff) and --reps positive\n");
         return 2;
     }
     std::ifstream f(phases_path);
@@ -453,6 +624,52 @@ int main(int argc, char ** argv) {
         }
         return true;
     };
+    if (stage) {
+        // the staging study (floor_stage_kernel): per kind, M and way, the median step and its time per phase
+        const int KM = std::max(K, KF), MM = MK_MC_SMALL;
+        floor_st st = {};
+        float * res_nw = nullptr; float * nw = nullptr;
+        CK(cudaMalloc(&st.a, (size_t) 2*MM*KM*sizeof(float)));
+        CK(cudaMalloc(&st.h, (size_t) 2*MM*KM*sizeof(float)));
+        CK(cudaMalloc(&st.res_out, (size_t) MM*KM*sizeof(float)));
+        CK(cudaMalloc(&res_nw, (size_t) KM*sizeof(float)));
+        CK(cudaMalloc(&nw, (size_t) KM*sizeof(float)));
+        CK(cudaMalloc(&st.part, (size_t) 3*sms*MK_M*sizeof(float)));
+        CK(cudaMalloc(&st.rec, (size_t) 2*MM*(KM/32)*MK_XQ_REC));
+        CK(cudaMemset(st.a, 0, (size_t) 2*MM*KM*sizeof(float)));
+        CK(cudaMemset(st.h, 0, (size_t) 2*MM*KM*sizeof(float)));
+        CK(cudaMemset(res_nw, 0, (size_t) KM*sizeof(float)));
+        CK(cudaMemset(nw, 0, (size_t) KM*sizeof(float)));
+        CK(cudaMemset(st.part, 0, (size_t) 3*sms*MK_M*sizeof(float)));
+        CK(cudaMemset(st.rec, 0, (size_t) 2*MM*(KM/32)*MK_XQ_REC));
+        st.res_nw = res_nw;
+        st.nw = nw;
+        const void * kst = (const void *) floor_stage_kernel;
+        printf("staging study: %d phases a step, no weights; every block: the kernel's staging; once: block b rounds its slice, "
+               "one bulk copy of the records each block (res: a grid barrier more a phase)\n", np);
+        for (int res = 1; res >= 0; --res) {
+            int KK = res ? K : KF;
+            for (int M = 1; M <= MM; ++M) {
+                float us[2] = { 0.0f, 0.0f };
+                for (int once = 0; once <= 1; ++once) {
+                    const size_t dyn = (size_t) M*(KK/32)*((res ? MK_XS_GROUP : 0) + MK_XQ_REC);
+                    char buf[160];
+                    snprintf(buf, sizeof(buf), "stage %s K %d M %d %s", res ? "res" : "plain", KK, M, once ? "once" : "every block");
+                    if (!fits(kst, dyn, buf)) {
+                        continue;
+                    }
+                    void * args[] = { &st, (void *) &np, &KK, &M, &res, &once, &bar, &sink };
+                    us[once] = time_launch(kst, args, dyn);
+                    printf("%s: %.1f us per step, %.2f us per phase\n", buf, us[once], us[once]/np);
+                    fflush(stdout);
+                }
+                if (us[0] > 0.0f && us[1] > 0.0f) {
+                    printf("stage %s K %d M %d: once / every block %.3f\n", res ? "res" : "plain", KK, M, us[1]/us[0]);
+                }
+            }
+        }
+        return 0;
+    }
     const char * what[4] = { "barriers only", "barriers + staging dependency", "barriers + weights", "barriers + staging + weights" };
     for (int mode = 0; mode < 4; ++mode) {
         char buf[128];
