@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# For session 36 (cold, ~3 min): floor.cu's staging study (--stage, written in session 35, compiled here with nvcc
-# 13.0 but never run): per phase, the inputs staged by every block with the kernel's own mk_stage / mk_stage_cols
+# Session 35 (RAN 22:33 UTC on an H100, cold, 42 s; results in NOTES.md "Session 35", logs s35/s35n-*): floor.cu's
+# staging study (--stage): per phase, the inputs staged by every block with the kernel's own mk_stage / mk_stage_cols
 # against staged once for the grid (each block rounds its slice to 8-bit records, one bulk copy of them per block; the
 # normed inputs pay a second grid barrier), M = 1..4, E4B's widths (2560 / 10240) and E2B's (1536 / 6144), 339 phases,
 # no weights. Reading: "once / every block" well below 1 at M = 3..4 (and not above 1 at M = 1) says the next build is
