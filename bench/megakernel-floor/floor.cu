@@ -114,7 +114,7 @@ __device__ __forceinline__ void floor_mbar_wait(unsigned long long * bar, unsign
         }
         if (n > (1ll << 22)) {
             printf("floor: block %d thread %d: mbarrier wait (%s) never completed\n", blockIdx.x, threadIdx.x,
-                   what == 0 ? "tile" : what == 1 ? "ring slot full" : "ring slot empty");
+                   what == 0 ? "tile" : what == 1 ? "ring slot full" : what == 2 ? "ring slot empty" : "staged records");
             __trap();
         }
     }
@@ -449,10 +449,10 @@ __global__ void __launch_bounds__(MK_THREADS) floor_stage_kernel(floor_st s, int
                 float r[MK_MC_SMALL];
                 sum_parts(ap, r);
                 if (lane == 0) {
-                    red[0] = r[0];
+                    red[0] = r[0];   // (kept: a consumer would scale its records' d by it)
                 }
             }
-            mk_mbar_wait(&mbar, parity);
+            floor_mbar_wait(&mbar, parity, 3);
             parity ^= 1u;
             acc ^= ((const unsigned *) xq)[t % (KG*MK_XQ_REC/4)];
         }
