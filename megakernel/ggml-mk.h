@@ -115,6 +115,13 @@ struct ggml_mk_model {
 // kernel variants for A/B runs in one process (LLAMA_MEGAKERNEL_VARIANT=bits, test-mk --variant): off by default,
 // each one a candidate not measured yet, or the behaviour a recent change replaced (to measure that change);
 // results bitwise equal to the default kernel
+#define GGML_MK_VAR_STAGE_EVERY       0x100   // (before) every block stages a plain mat-vec's inputs itself (mk_stage, mk_stage_cols),
+                                              // not rounded once for the grid where the step stages them once (mk_once_on:
+                                              // each block rounds its slice of the groups to 8-bit records in global memory,
+                                              // a grid barrier, then every block copies them); the same bits
+#define GGML_MK_VAR_ONCE_ALL          0x200   // every plain mat-vec whose jobs all take the 8-bit records staged once for the grid,
+                                              // whatever its width and batch (the default: only where mk_once_on's bound
+                                              // says the grid barrier it adds pays); the same bits
 #define GGML_MK_VAR_GENERIC_M         0x400   // (before) one-token steps through the mat-vec code made for any batch
 #define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
 #define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a

@@ -184,7 +184,12 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             "clusters-slow": ["--blocks", "4", "--slow-block", "1", "--verify", "2,3,4,5"],
             # 0x20000000 (GGML_MK_VAR_NO_FLOAT_PACK, before): short float rows one to a tile, bitwise the default's (packed
             # several to a tile), one-token and verify steps (the code for up to 4 columns and for any batch)
-            "0x20000000": ["--verify", "2,3,4,5,8", "--variant", "0x20000000", "--vs-default"]}
+            "0x20000000": ["--verify", "2,3,4,5,8", "--variant", "0x20000000", "--vs-default"],
+            # 0x200 (GGML_MK_VAR_ONCE_ALL): every plain mat-vec of Q4_0/Q8_0 jobs (O, down, the per-layer projection) staged
+            # once for the grid (mk_stage_once: each block rounds its slice to records in global memory, a grid barrier,
+            # every block copies them), bitwise the default's, which stages them in every block on this model (its
+            # widths stay below mk_once_on's bound), in one-token steps and verify batches in passes of 2 columns
+            "0x200": ["--verify", "2,3,4,5,8", "--variant", "0x200", "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -286,6 +291,17 @@ def test_cuda_kernel_on_host_item_staging_planted_bug_fails(tmp_path, cpu_build)
     r = subprocess.run([str(exe), "--variant", "0x800000", "--vs-default"], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and re.search(r"^FAIL (verify M=4|variant 0x800000)", r.stdout, re.M), \
         f"a bug in the item-by-item staging went unnoticed (does verify M=4 still take it under 0x800000?):\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_once_barrier_planted_bug_fails(tmp_path, cpu_build):
+    """inputs staged once for the grid (variant 0x200 here): without the grid barrier between the blocks' slices of
+    records and their copies, a block copies records that other blocks have not written yet (the last mat-vec's, or
+    zeros); both the bitwise comparison with the default and the slow-block schedule must catch it"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, "    mk_grid_sync(a, MK_PH_ONCE);", "    __syncthreads();")
+    for args in (["--variant", "0x200", "--vs-default"], ["--variant", "0x200", "--blocks", "3", "--slow-block", "1"]):
+        r = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=900)
+        assert r.returncode != 0 and re.search(r"^FAIL (step|variant|verify)", r.stdout, re.M), \
+            f"a missing barrier after the slices staged once went unnoticed ({' '.join(args)}):\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kernel_on_host_cluster_pass_barrier_planted_bug_fails(tmp_path, cpu_build):

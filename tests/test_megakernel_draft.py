@@ -134,7 +134,7 @@ def _build_draft_emu(tmp_path: Path, cpu_build: Path, first_inc: Path | None = N
     return exe
 
 
-@pytest.mark.parametrize("variant", ["", "0x4000", "0x30000"])
+@pytest.mark.parametrize("variant", ["", "0x4000", "0x30000", "0x200"])
 def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_build, variant):
     """mk-kernel.cuh's draft kernel (mk_draft_kernel: mk_step<true>, the decode step's code with the draft's inputs and
     pick around it): k = 4 chained steps of a random assistant in one launch
@@ -142,7 +142,8 @@ def test_fused_draft_kernel_on_host_matches_float64_reference(tmp_path, cpu_buil
     feeding the next step) at four positions across the window: the float64 reference's tokens, logits and h_next.
     0x4000: with the heads phase folded into the attention (GGML_MK_VAR_FOLD_HEADS; the draft's layers compute only Q).
     0x30000: the ways before (GGML_MK_VAR_ROW_TILES: one row per weight tile; GGML_MK_VAR_EMBD_BLOCK0: the embedding row
-    decoded by block 0 in global memory), kept for A/B runs."""
+    decoded by block 0 in global memory), kept for A/B runs. 0x200: the plain mat-vecs (the pre- and post-projections,
+    the layers' O and down) staged once for the grid (GGML_MK_VAR_ONCE_ALL)."""
     exe = _build_draft_emu(tmp_path, cpu_build)
     r = subprocess.run([str(exe), *(["--variant", variant] if variant else [])], capture_output=True, text=True, timeout=600)
     print(r.stdout)

@@ -189,6 +189,9 @@ struct mk_args {
     float * h_out;  // NULL, or the LM head's input rmsnorm(x)*output_norm of every token (n_embd), for the host
     float * att_part;    // attention chunks: [MK_M][max_head][n_chunk][4 + max_head_dim] (max, sum, -, -, acc)
     unsigned * att_cnt;  // [MK_M][max_head] chunks done (the last one combines and resets it)
+    uint8_t  * xrec;     // NULL, or a plain mat-vec's inputs as 8-bit records rounded once for the grid (mk_stage_once):
+                         //   [MK_M][xrec_k/32] records of MK_XQ_REC bytes, a column's in mk_rec_slot order
+    int        xrec_k;   // the values a column of xrec holds (a multiple of 32)
     unsigned * bar;       // grid barrier: arrivals in this launch (zero at the start: the launch before zeroed it)
     unsigned * bar_next;  // the next launch's count (the two alternate), zeroed by block 0 at the start
     unsigned long long * prof;  // NULL, or phase timestamps: [0] count, then (tag, globaltimer ns) pairs
@@ -241,6 +244,7 @@ enum mk_phase {
                      //   phase's tag (attention, attention (global)) keeps the rest
     MK_PH_STAGE,
     MK_PH_WAIT,    // grid barrier waits (block 0 done until all blocks are)
+    MK_PH_ONCE,    // a plain mat-vec's inputs rounded once for the grid, each block its slice (mk_stage_once)
     MK_PH_COUNT,
 };
 
@@ -321,6 +325,8 @@ struct mk_xin {
     float       * res_out;
     const float * nw;  // != NULL: the input is rmsnorm(a') * nw
     float       * nw_out;  // != NULL (with nw): block 0 also writes the normed columns there (K wide)
+    const uint8_t * rec;   // != NULL: the inputs' 8-bit records, staged once for the grid (mk_once; a step's
+                           //   fx() leaves it NULL): every block copies them (mk_stage_copy) instead of staging
 };
 
 struct mk_job {
@@ -992,6 +998,76 @@ MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, 
         uint8_t * rec = xq + (size_t) (m*KG + mk_rec_slot(f/8))*MK_XQ_REC;
         mk_q8_slot(v, f, ok, rec, pair);
     }
+}
+
+// a plain mat-vec's inputs staged once for the grid, not by every block: where every job takes the 8-bit records
+// (mk_mv_direct) and no residual step is pending (O's, down's, the per-layer projection's inputs, a draft's pre/post
+// projections), each block rounds its slice of the groups of every column to records in global memory (mk_stage_once:
+// the arithmetic of every block's own staging, the same bits), a grid barrier, and every block copies all of them
+// (mk_stage_copy) instead of loading and rounding all of a column's values itself. The barrier costs ~1.3 us (H100,
+// floor.cu's staging study, session 35), so by default only where a step stages at least MK_ONCE_MIN values that way
+// (E4B: down's 10240 at every M, O's 2048 from 4 tokens on); GGML_MK_VAR_ONCE_ALL: always, GGML_MK_VAR_STAGE_EVERY:
+// never. A column wider than the host's buffer (xrec_k) is staged by every block
+#define MK_ONCE_MIN 8192
+MK_HOSTDEV bool mk_once_on(const mk_mvr & R, const mk_xin & x, int M, const uint8_t * xrec, int xrec_k, int flags) {
+    const int K = R.j[0].ne0;
+    return R.units > 0 && xrec != nullptr && mk_mv_direct(R) && x.res_h == nullptr && !(flags & GGML_MK_VAR_STAGE_EVERY) &&
+           (K + 31)/32*32 <= xrec_k && ((flags & GGML_MK_VAR_ONCE_ALL) || M*K >= MK_ONCE_MIN);
+}
+
+// host: mk_args.xrec_k for a model (draft: the draft launch's n_embd_bb, whose pre-projection takes 2*n_embd_bb values;
+// 0 for a decode kernel): the widest mat-vec input of a step, in whole groups; its buffer: MK_M*xrec_k/32 records
+static inline int mk_xrec_k(const ggml_mk_model & md, int n_embd_bb) {
+    int k = md.n_embd > md.max_q ? md.n_embd : md.max_q;
+    k = k > md.max_ff ? k : md.max_ff;
+    k = k > md.n_embd_pl ? k : md.n_embd_pl;
+    k = k > 2*n_embd_bb ? k : 2*n_embd_bb;
+    return (k + 31)/32*32;
+}
+
+// this block's slice of a plain mat-vec's inputs (mk_once_on): groups KG*b/grid .. KG*(b + 1)/grid - 1 of each of the M
+// columns, 8 consecutive slots of a group on 8 consecutive lanes (mk_q8_slot), into rec ([M][KG] records)
+MK_DEVICE_FN void mk_stage_once(const mk_xin & x, int K, int M, uint8_t * rec) {
+    const int KG = mk_kg(K);
+    const int g0 = (int) ((long long) KG*blockIdx.x/gridDim.x);
+    const int g1 = (int) ((long long) KG*(blockIdx.x + 1)/gridDim.x);
+    const int F  = (g1 - g0)*8;   // the slice's slots per column, padding included
+    const int F4 = K/4;           // slots with values
+    const int NI = F*M;
+    const float4 z4 = mk_f4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i0 = 0; i0 < NI; i0 += MK_THREADS) {   // (every lane of a warp takes every round: the rounding's shuffles)
+        const int  i  = i0 + (int) threadIdx.x;
+        const bool ok = i < NI;   // (whole groups: NI and MK_THREADS are multiples of 8)
+        const int  m  = ok ? i/F : 0;
+        const int  f  = g0*8 + (ok ? i % F : 0);
+        float4 va, vb;
+        mk_stage_ld(x, (size_t) m, f, ok && f < F4, va, vb);
+        mk_q8_slot(mk_stage_val(x, va, vb, z4, 0.0f), f, ok, rec + ((size_t) m*KG + mk_rec_slot(f/8))*MK_XQ_REC);
+    }
+}
+
+// a pass's records staged once for the grid (after the grid barrier behind mk_stage_once) into this block's inputs: n bytes
+// (a multiple of 16) from src, 4 loads of 16 bytes in flight per thread; then the block's barrier. Out of line, as the
+// stagings are: mk_mv_run sits at the register cap
+MK_DEVICE_FN void mk_stage_copy(const uint8_t * src, uint8_t * dst, int n) {
+    const uint4 * s4 = (const uint4 *) src;
+    uint4       * d4 = (uint4 *) dst;
+    const int n16 = n/16;
+    int i = threadIdx.x;
+    for (; i + 3*MK_THREADS < n16; i += 4*MK_THREADS) {
+        const uint4 v0 = mk_ldcg_u32x4(s4 + i);
+        const uint4 v1 = mk_ldcg_u32x4(s4 + i + MK_THREADS);
+        const uint4 v2 = mk_ldcg_u32x4(s4 + i + 2*MK_THREADS);
+        const uint4 v3 = mk_ldcg_u32x4(s4 + i + 3*MK_THREADS);
+        d4[i] = v0;
+        d4[i + MK_THREADS] = v1;
+        d4[i + 2*MK_THREADS] = v2;
+        d4[i + 3*MK_THREADS] = v3;
+    }
+    for (; i < n16; i += MK_THREADS) {
+        d4[i] = mk_ldcg_u32x4(s4 + i);
+    }
+    __syncthreads();
 }
 
 // f(m) for each column m < Mc of a pass (Mc <= MC): for MC <= MK_MC_SMALL unrolled, so that per-column arrays
@@ -1786,7 +1862,9 @@ MK_DEVICE_FN void mk_mv_run(const mk_mvr & R, const mk_xin & x, int M, float eps
         if (m0 > 0 && !late) {
             fe = mk_mv_begin(R, ws, ns, bk);  // another pass over the weights for the next columns
         }
-        if constexpr (COLS && MC <= MK_MC_SMALL) {
+        if (x.rec != nullptr) {
+            mk_stage_copy(x.rec + (size_t) m0*KG*MK_XQ_REC, xq, Mc*KG*MK_XQ_REC);   // (staged once for the grid: mk_once)
+        } else if constexpr (COLS && MC <= MK_MC_SMALL) {
             mk_stage_cols<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, R.sr2, m0 == 0 ? prof : nullptr);
         } else {
             mk_stage<MC>(x, K, m0, Mc, eps, xs, xq, q8, direct, m0 == 0 ? prof : nullptr);
@@ -2923,6 +3001,20 @@ MK_DEVICE_FN void mk_draft_pick(const mk_args & a, const mk_draft_args & da, int
     }
 }
 
+// the mat-vec about to run (R, its inputs x: the block's copies in shared memory) staged once for the grid where
+// mk_once_on says so: this block's slice of its records, x.rec set (thread 0), then the grid barrier after which every
+// block may copy them (mk_mv_run reads x.rec). Out of line: the kernel body's call sites of its mat-vecs stay small
+MK_DEVICE_FN void mk_once(const mk_args & a, const mk_mvr & R, mk_xin & x, int M) {
+    if (!mk_once_on(R, x, M, a.xrec, a.xrec_k, a.flags)) {
+        return;
+    }
+    mk_stage_once(x, R.j[0].ne0, M, a.xrec);
+    if (threadIdx.x == 0) {
+        x.rec = a.xrec;   // (seen by the block after mk_grid_sync's block barrier; the next in() writes NULL again)
+    }
+    mk_grid_sync(a, MK_PH_ONCE);
+}
+
 // one step of a launch, the whole grid: a decode/verify step (DRAFT = false: mk_decode_kernel), or step j of a fused MTP
 // draft (mk_draft_kernel; da: a device copy of its mk_draft_args), which adds its inputs and its pick around the step.
 // A decode step's code does not see the draft's: it compiles to the kernel it was before the draft (SASS compared)
@@ -3006,6 +3098,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         }
     };
     auto go = [&]() {
+        mk_once(a, s_mv[0], s_xin[0], M);   // (inputs staged once for the grid where mk_once_on says so)
         // one column: the code made for it (the same arithmetic per column as the any-batch code)
         if (M == 1 && !(a.flags & GGML_MK_VAR_GENERIC_M)) {
             mk_mv_run<1>(s_mv[0], s_xin[0], M, eps, xs, a.xs_bytes, a.xq_bytes, ws, a.ns, bk, a.prof, late,

@@ -96,7 +96,7 @@ static const char * const mk_phase_names[] = {
     "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head", "attention (global)",
     "(staging: rms of h)", "(staging: loads)", "(staging: norm)", "(staging: 8-bit)",
     "(attention: chunks)", "(attention: combine)", "(attention: groups)", "(staging: rest)",
-    "(barrier waits, all)",
+    "(barrier waits, all)", "staging once (slices)",
 };
 static_assert(sizeof(mk_phase_names)/sizeof(mk_phase_names[0]) == MK_PH_COUNT, "a name for every phase tag (enum mk_phase)");
 
@@ -314,6 +314,10 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
         total += mk_align(M*w*sizeof(float));
     }
     total += mk_align(M*max_head*sizeof(unsigned)); // attention chunk counters
+    // a plain mat-vec's inputs rounded once for the grid (mk_once_on)
+    const int xrec_k = mk_xrec_k(*model, d ? d->n_embd_bb : 0);
+    const size_t sz_xrec = mk_align(M*(xrec_k/32)*MK_XQ_REC);
+    total += sz_xrec;
     total += 256; // barrier
     const int n_mv = d ? mk_mv_draft_count(model->n_layer, d->k_max) : mk_mv_count(model->n_layer);
     const size_t sz_mvt = mk_align(n_mv*sizeof(mk_mvr));
@@ -331,6 +335,9 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
     }
     mk->args.att_cnt  = (unsigned *) p;
     p += mk_align(M*max_head*sizeof(unsigned));
+    mk->args.xrec   = (uint8_t *) p;
+    mk->args.xrec_k = xrec_k;
+    p += sz_xrec;
     if (const char * e = getenv("LLAMA_MEGAKERNEL_NCU_M")) {
         mk->ncu_m = atoi(e);
     }
@@ -342,7 +349,7 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
         MK_TRY(cudaEventCreate(&mk->ev[0]), "profile event");
         MK_TRY(cudaEventCreate(&mk->ev[1]), "profile event");
         if (atoi(e) >= 2) {
-            mk->gprof_cap = (16 + 12*model->n_layer)*steps;   // barriers: at most 8 per layer
+            mk->gprof_cap = (16 + 12*model->n_layer)*steps;   // barriers: at most 11 per layer (3 of them staging once)
             mk->h_gprof.resize((size_t) mk->gprof_cap*(1 + 2*(size_t) mk->grid));
             MK_TRY(cudaMalloc(&mk->d_gprof, mk->h_gprof.size()*sizeof(unsigned long long)), "grid profile buffer");
         }

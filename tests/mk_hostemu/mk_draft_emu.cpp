@@ -125,6 +125,7 @@ int main(int argc, char ** argv) {
     const int grid = 3;
     std::vector<float> s_pick_v(grid);
     std::vector<unsigned> s_pick_i(grid);
+    std::vector<uint8_t> s_rec;   // inputs staged once for the grid (mk_args.xrec), sized at the first launch
     unsigned bar[2] = {0, 0};
     int launches = 0;
     const int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;
@@ -169,6 +170,7 @@ int main(int argc, char ** argv) {
         a.xb[0] = s_x.data(); a.xb[1] = s_x1.data(); a.att_part = s_part.data(); a.att_cnt = s_cnt.data();
         a.max_head = 2; a.n_chunk = n_chunk; a.q = s_q.data(); a.k = s_kv.data(); a.v = s_kv.data(); a.att = s_att.data();
         a.h = s_h.data(); a.g = s_g.data(); a.logits = s_lo.data(); a.h_out = s_hid.data();
+        a.xrec_k = mk_xrec_k(md, n_embd_bb); if (s_rec.empty()) s_rec.assign((size_t) MK_M*(a.xrec_k/32)*MK_XQ_REC, 0); a.xrec = s_rec.data();
         a.bar = bar + launches % 2; a.bar_next = bar + (launches + 1) % 2; ++launches;
         std::vector<mk_mvr> mvt(mk_mv_draft_count(n_layer, k_steps));
         mk_mv_table_draft(d, md, a, da, mvt.data());

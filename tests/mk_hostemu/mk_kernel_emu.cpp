@@ -110,6 +110,7 @@ int main(int argc, char ** argv) {
     std::vector<unsigned> s_cnt(MK_M*n_head, 0u);
     std::vector<float> s_x(MK_M*n_embd), s_x1(MK_M*n_embd), s_q(MK_M*M_.max_q), s_k(MK_M*M_.max_kv), s_v(MK_M*M_.max_kv), s_att(MK_M*M_.max_q),
         s_h(MK_M*n_embd), s_g(MK_M*n_ff), s_pl(MK_M*n_pl*n_layer), s_plg(MK_M*n_pl), s_lo(MK_M*n_vocab), s_hid(MK_M*n_embd);
+    std::vector<uint8_t> s_rec;   // inputs staged once for the grid (mk_args.xrec), sized at the first launch
     unsigned bar[2] = {0, 0};
     int launches = 0;
     std::vector<float> mask0, mask1;
@@ -135,6 +136,7 @@ int main(int argc, char ** argv) {
         a.xb[0] = s_x.data(); a.xb[1] = s_x1.data(); a.att_part = s_part.data(); a.att_cnt = s_cnt.data();
         a.max_head = n_head; a.n_chunk = n_chunk; a.q = s_q.data(); a.k = s_k.data(); a.v = s_v.data(); a.att = s_att.data(); a.h = s_h.data();
         a.g = s_g.data(); a.pl_in = s_pl.data(); a.pl_g = s_plg.data(); a.logits = s_lo.data(); a.h_out = s_hid.data();
+        a.xrec_k = mk_xrec_k(M_, 0); if (s_rec.empty()) s_rec.assign((size_t) MK_M*(a.xrec_k/32)*MK_XQ_REC, 0); a.xrec = s_rec.data();
         a.bar = bar + launches % 2; a.bar_next = bar + (launches + 1) % 2; ++launches; a.n_pl_all = n_pl*n_layer;
         std::vector<mk_mvr> mvt(mk_mv_count(n_layer));
         mk_mv_table(M_, a, mvt.data());
