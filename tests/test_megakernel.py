@@ -85,6 +85,7 @@ def test_weight_decoding_emulation_can_fail(tmp_path, cpu_build, old, new, type_
 
 KERNEL_EMU = Path(__file__).resolve().parent / "mk_hostemu" / "mk_kernel_emu.cpp"
 STAGE_EMU = KERNEL_EMU.parent / "mk_stage_emu.cpp"
+ONCE_EMU = KERNEL_EMU.parent / "mk_once_emu.cpp"
 KQ_EMU = KERNEL_EMU.parent / "mk_kq_emu.cpp"
 
 
@@ -378,6 +379,38 @@ def test_cuda_staging_planted_bug_fails(tmp_path, cpu_build, bug):
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and re.search(fail, r.stdout, re.M), \
         f"planted bug {bug} in the staging went unnoticed by the widths test:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_staging_once_for_the_grid_equals_every_block_at_production_widths(tmp_path, cpu_build):
+    """plain inputs staged once for the grid (mk_stage_once in every block of a grid of 3, 7, 17 or 132, then one block's
+    mk_stage_copy of a pass) against one block's own staging (mk_stage, direct) at K = 10240, 2048, 4096, 6144, 5120, 256
+    (GEGLU inputs; more blocks than groups) and 2080 (slices of unequal size), 1, 2, 3, 5 and 8 columns, a first and a
+    later pass: every record byte for byte; and the host's check of widths whose last record would leave its column
+    (mk_rec_fits)"""
+    exe = _build_kernel_emu(tmp_path / "mk_once_emu", cpu_build, source=ONCE_EMU, sb=2)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    print(r.stdout[-2000:])
+    assert r.returncode == 0 and re.search(r"^OK inputs staged once for the grid .*: 0 of 218 cases differ", r.stdout, re.M), \
+        r.stdout[-3000:] + r.stderr[-2000:]
+
+
+# planted bugs the once-for-the-grid test must catch: block 1's slice one group short (a group nobody rounds); the records
+# of a slice put in the order of the groups, not where the mat-vecs read them (mk_rec_slot)
+ONCE_PLANTED = {
+    "slice_end": ("const int g1 = (int) ((long long) KG*(blockIdx.x + 1)/gridDim.x);",
+                  "const int g1 = (int) ((long long) KG*(blockIdx.x + 1)/gridDim.x) - (blockIdx.x == 1);"),
+    "slice_places": ("f, ok, rec + ((size_t) m*KG + mk_rec_slot(f/8))*MK_XQ_REC);\n    }\n}",
+                     "f, ok, rec + ((size_t) m*KG + f/8)*MK_XQ_REC);\n    }\n}"),
+}
+
+
+@pytest.mark.parametrize("bug", list(ONCE_PLANTED))
+def test_cuda_staging_once_planted_bug_fails(tmp_path, cpu_build, bug):
+    old, new = ONCE_PLANTED[bug]
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=ONCE_EMU)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and re.search(r"^FAIL K=\d+ grid=\d+ M=\d+ pass m0=\d+: record \d+", r.stdout, re.M), \
+        f"planted bug {bug} in the staging once for the grid went unnoticed:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):

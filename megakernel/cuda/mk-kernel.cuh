@@ -55,6 +55,15 @@ MK_HOSTDEV int mk_rec_slot(int g) {
     return g ^ ((g >> 3) & 1);
 }
 
+// whether a row of K values has its records in its own slots: the last group of an odd count in a run that swaps
+// (KG % 16 = 9, 11, 13, 15: K = 288, 2336, ...) would sit in slot KG, past the column (in the next column's first
+// slot, or past the staged region). Gemma's widths are multiples of 256 (KG a multiple of 8); the host refuses the rest
+// (mk.cu), found by tests/mk_hostemu/mk_once_emu.cpp (session 36)
+MK_HOSTDEV bool mk_rec_fits(int K) {
+    const int KG = (K + 31)/32;
+    return mk_rec_slot(KG - 1) < KG;
+}
+
 // the same for local record l of a tile whose first group g0 is a multiple of 8 (every tile's: mk_jr.tg = 8*sgps):
 // slot mk_rec_slot(g0 + l) = g0 + (l ^ mk_rec_swap(l, g0))
 MK_HOSTDEV int mk_rec_swap(int l, int g0) {

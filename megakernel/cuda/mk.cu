@@ -191,6 +191,12 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
                 delete mk;
                 return nullptr;
             }
+            if (!mk_rec_fits(w->ne0)) {
+                snprintf(err, err_size, "%s has rows of %d values (%d groups of 32: the last one's 8-bit record would sit "
+                         "past the row's, mk_rec_slot)", name.c_str(), w->ne0, (w->ne0 + 31)/32);
+                delete mk;
+                return nullptr;
+            }
             // the Q4_K integer dot products read a super-block's quants 16 bytes at a time (mk_q4k_unit); GGUF files
             // align tensor data to 32 bytes and a Q4_K row is a multiple of 144
             if (w->type == GGML_TYPE_Q4_K && ((uintptr_t) w->data % 16 != 0 || w->nb1 % 16 != 0)) {
