@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Session 36, call B (cold), to set mk_once_on's bound: the tree carried with MK_ONCE_MIN 4096 (call A's: 8192), i.e.
+# Session 36, call B (cold), to set mk_once_on's bound. Before the call, here (uncommitted, reverted after):
+#   sed -i 's/^#define MK_ONCE_MIN 8192$/#define MK_ONCE_MIN 4096/' megakernel/cuda/mk-kernel.cuh
+# The tree carried with MK_ONCE_MIN 4096 (main's and call A's: 8192), i.e.
 # the default also stages once O's inputs at 2 and 3 tokens and the global layers' O at 1; against every block
 # staging (GGML_MK_VAR_STAGE_EVERY 0x100) and every plain mat-vec once (GGML_MK_VAR_ONCE_ALL 0x200: the per-layer
 # projection too), one binary:
