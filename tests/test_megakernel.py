@@ -106,6 +106,14 @@ def _build_kernel_emu(exe: Path, cpu_build: Path, first_inc: Path | None = None,
     return exe
 
 
+def _planted_bug_fails(tmp_path: Path, cpu_build: Path, old: str, new: str, source: Path, fail: str, what: str) -> None:
+    """a program on the kernel's source (source), built with a planted bug (old -> new), must exit non-zero printing a
+    line that matches fail"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=source)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and re.search(fail, r.stdout, re.M), f"{what} went unnoticed:\n{r.stdout[-3000:]}"
+
+
 def _mutated_kernel_emu(tmp_path: Path, cpu_build: Path, old: str, new: str, source: Path = KERNEL_EMU) -> Path:
     """the kernel emulation built with a planted bug: mk-kernel.cuh with old (present exactly once) replaced by new"""
     kernel = MK / "cuda" / "mk-kernel.cuh"
@@ -375,10 +383,7 @@ STAGE_PLANTED = {
 @pytest.mark.parametrize("bug", list(STAGE_PLANTED))
 def test_cuda_staging_planted_bug_fails(tmp_path, cpu_build, bug):
     old, new, fail = STAGE_PLANTED[bug]
-    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=STAGE_EMU)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0 and re.search(fail, r.stdout, re.M), \
-        f"planted bug {bug} in the staging went unnoticed by the widths test:\n{r.stdout[-3000:]}"
+    _planted_bug_fails(tmp_path, cpu_build, old, new, STAGE_EMU, fail, f"planted bug {bug} in the staging (widths test)")
 
 
 def test_cuda_staging_once_for_the_grid_equals_every_block_at_production_widths(tmp_path, cpu_build):
@@ -407,10 +412,8 @@ ONCE_PLANTED = {
 @pytest.mark.parametrize("bug", list(ONCE_PLANTED))
 def test_cuda_staging_once_planted_bug_fails(tmp_path, cpu_build, bug):
     old, new = ONCE_PLANTED[bug]
-    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=ONCE_EMU)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0 and re.search(r"^FAIL K=\d+ grid=\d+ M=\d+ pass m0=\d+: record \d+", r.stdout, re.M), \
-        f"planted bug {bug} in the staging once for the grid went unnoticed:\n{r.stdout[-3000:]}"
+    _planted_bug_fails(tmp_path, cpu_build, old, new, ONCE_EMU, r"^FAIL K=\d+ grid=\d+ M=\d+ pass m0=\d+: record \d+",
+                       f"planted bug {bug} in the staging once for the grid")
 
 
 def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):
@@ -463,10 +466,8 @@ KQ_PLANTED = {
 @pytest.mark.parametrize("bug", list(KQ_PLANTED))
 def test_cuda_kquant_dot_products_planted_bug_fails(tmp_path, cpu_build, bug):
     old, new = KQ_PLANTED[bug]
-    exe = _mutated_kernel_emu(tmp_path, cpu_build, old, new, source=KQ_EMU)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0 and re.search(r"^FAIL q[468]_[0K] K=", r.stdout, re.M), \
-        f"planted bug {bug} in the integer dot products went unnoticed:\n{r.stdout[-3000:]}"
+    _planted_bug_fails(tmp_path, cpu_build, old, new, KQ_EMU, r"^FAIL q[468]_[0K] K=",
+                       f"planted bug {bug} in the integer dot products")
 
 
 # planted bugs in a default path that a before-variant replaces: each must fail the kernel emulation's default run against
