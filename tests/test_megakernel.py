@@ -390,8 +390,8 @@ def test_cuda_staging_once_for_the_grid_equals_every_block_at_production_widths(
     """plain inputs staged once for the grid (mk_stage_once in every block of a grid of 3, 7, 17 or 132, then one block's
     mk_stage_copy of a pass) against one block's own staging (mk_stage, direct) at K = 10240, 2048, 4096, 6144, 5120, 256
     (GEGLU inputs; more blocks than groups) and 2080 (slices of unequal size), 1, 2, 3, 5 and 8 columns, a first and a
-    later pass: every record byte for byte; and the host's check of widths whose last record would leave its column
-    (mk_rec_fits)"""
+    later pass: every record byte for byte; the host's check of widths whose last record would leave its column
+    (mk_rec_fits); and where the default takes this way (mk_once_on's bound at E4B's shapes)"""
     exe = _build_kernel_emu(tmp_path / "mk_once_emu", cpu_build, source=ONCE_EMU, sb=2)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(r.stdout[-2000:])
@@ -400,20 +400,22 @@ def test_cuda_staging_once_for_the_grid_equals_every_block_at_production_widths(
 
 
 # planted bugs the once-for-the-grid test must catch: block 1's slice one group short (a group nobody rounds); the records
-# of a slice put in the order of the groups, not where the mat-vecs read them (mk_rec_slot)
+# of a slice put in the order of the groups, not where the mat-vecs read them (mk_rec_slot); the default's bound halved
+# (O's inputs staged once at 2 and 3 tokens too)
+ONCE_RECORD = r"^FAIL K=\d+ grid=\d+ M=\d+ pass m0=\d+: record \d+"
 ONCE_PLANTED = {
     "slice_end": ("const int g1 = (int) ((long long) KG*(blockIdx.x + 1)/gridDim.x);",
-                  "const int g1 = (int) ((long long) KG*(blockIdx.x + 1)/gridDim.x) - (blockIdx.x == 1);"),
+                  "const int g1 = (int) ((long long) KG*(blockIdx.x + 1)/gridDim.x) - (blockIdx.x == 1);", ONCE_RECORD),
     "slice_places": ("f, ok, rec + ((size_t) m*KG + mk_rec_slot(f/8))*MK_XQ_REC);\n    }\n}",
-                     "f, ok, rec + ((size_t) m*KG + f/8)*MK_XQ_REC);\n    }\n}"),
+                     "f, ok, rec + ((size_t) m*KG + f/8)*MK_XQ_REC);\n    }\n}", ONCE_RECORD),
+    "bound": ("#define MK_ONCE_MIN 8192", "#define MK_ONCE_MIN 4096", r"^FAIL mk_once_on: type 2 K=2048 M=3"),
 }
 
 
 @pytest.mark.parametrize("bug", list(ONCE_PLANTED))
 def test_cuda_staging_once_planted_bug_fails(tmp_path, cpu_build, bug):
-    old, new = ONCE_PLANTED[bug]
-    _planted_bug_fails(tmp_path, cpu_build, old, new, ONCE_EMU, r"^FAIL K=\d+ grid=\d+ M=\d+ pass m0=\d+: record \d+",
-                       f"planted bug {bug} in the staging once for the grid")
+    old, new, fail = ONCE_PLANTED[bug]
+    _planted_bug_fails(tmp_path, cpu_build, old, new, ONCE_EMU, fail, f"planted bug {bug} in the staging once for the grid")
 
 
 def test_cuda_kquant_dot_products_at_e4b_widths(tmp_path, cpu_build):

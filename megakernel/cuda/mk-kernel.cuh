@@ -55,12 +55,17 @@ MK_HOSTDEV int mk_rec_slot(int g) {
     return g ^ ((g >> 3) & 1);
 }
 
+// the 32-value groups of a row of K values (its records; its staged values' groups of MK_XS_GROUP bytes)
+MK_HOSTDEV int mk_kg(int K) {
+    return (K + 31)/32;
+}
+
 // whether a row of K values has its records in its own slots: the last group of an odd count in a run that swaps
 // (KG % 16 = 9, 11, 13, 15: K = 288, 2336, ...) would sit in slot KG, past the column (in the next column's first
 // slot, or past the staged region). Gemma's widths are multiples of 256 (KG a multiple of 8); the host refuses the rest
 // (mk.cu), found by tests/mk_hostemu/mk_once_emu.cpp (session 36)
 MK_HOSTDEV bool mk_rec_fits(int K) {
-    const int KG = (K + 31)/32;
+    const int KG = mk_kg(K);
     return mk_rec_slot(KG - 1) < KG;
 }
 
@@ -849,11 +854,7 @@ MK_DEVICE_FN mk_it mk_mv_begin(const mk_mvr & R, uint8_t * ws, int ns, mk_bulk *
     return it;
 }
 
-// staged inputs: [m][KG groups of 36 floats], KG = ceil(K/32); values past K are zero
-MK_DEVICE int mk_kg(int K) {
-    return (K + 31)/32;
-}
-
+// staged inputs: [m][KG groups of 36 floats], KG = mk_kg(K); values past K are zero
 // the staging works on 4 consecutive values at a time ("slots"): column m's slot f (values 4f .. 4f+3) belongs
 // to thread f % MK_THREADS for every m and M, so each column's sums have the same order in any batch.
 // MK_SB slots per thread are loaded at a time (all their loads in flight before the first is used)
@@ -1021,7 +1022,7 @@ MK_DEVICE void mk_stage_round(const mk_xin & x, float sc, int m0, int m, int f, 
 MK_HOSTDEV bool mk_once_on(const mk_mvr & R, const mk_xin & x, int M, const uint8_t * xrec, int xrec_k, int flags) {
     const int K = R.j[0].ne0;
     return R.units > 0 && xrec != nullptr && mk_mv_direct(R) && x.res_h == nullptr && !(flags & GGML_MK_VAR_STAGE_EVERY) &&
-           (K + 31)/32*32 <= xrec_k && ((flags & GGML_MK_VAR_ONCE_ALL) || M*K >= MK_ONCE_MIN);
+           mk_kg(K)*32 <= xrec_k && ((flags & GGML_MK_VAR_ONCE_ALL) || M*K >= MK_ONCE_MIN);
 }
 
 // host: mk_args.xrec_k for a model (draft: the draft launch's n_embd_bb, whose pre-projection takes 2*n_embd_bb values;
@@ -1031,7 +1032,7 @@ static inline int mk_xrec_k(const ggml_mk_model & md, int n_embd_bb) {
     k = k > md.max_ff ? k : md.max_ff;
     k = k > md.n_embd_pl ? k : md.n_embd_pl;
     k = k > 2*n_embd_bb ? k : 2*n_embd_bb;
-    return (k + 31)/32*32;
+    return mk_kg(k)*32;
 }
 
 // this block's slice of a plain mat-vec's inputs (mk_once_on): groups KG*b/grid .. KG*(b + 1)/grid - 1 of each of the M

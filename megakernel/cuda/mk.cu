@@ -193,7 +193,7 @@ static mk_cuda * mk_cuda_create(const ggml_mk_model * model, const ggml_mk_draft
             }
             if (!mk_rec_fits(w->ne0)) {
                 snprintf(err, err_size, "%s has rows of %d values (%d groups of 32: the last one's 8-bit record would sit "
-                         "past the row's, mk_rec_slot)", name.c_str(), w->ne0, (w->ne0 + 31)/32);
+                         "past the row's, mk_rec_slot)", name.c_str(), w->ne0, mk_kg(w->ne0));
                 delete mk;
                 return nullptr;
             }

@@ -7,7 +7,8 @@
 // and 2080 (65 groups: slices of unequal size), grids of 3, 7, 17 and 132 blocks (an H100's: slices of 2 and 3 groups;
 // more blocks than groups for K = 256: blocks without a slice), 1, 2, 3, 5 and 8 columns, and a later pass (the copy of
 // columns m0.. of the buffer). Every record's quants, d and sum must equal the block's own staging byte for byte. And
-// mk_rec_fits, the host's check of the widths whose records would not stay within their column.
+// mk_rec_fits, the host's check of the widths whose records would not stay within their column; and where the default
+// takes this way (mk_once_on's bound) at E4B's shapes.
 // Prints OK/FAIL per case, exits 1 on any failure.
 #define GGML_COMMON_DECL_C
 #define GGML_COMMON_IMPL_C
@@ -70,6 +71,48 @@ int main() {
         if (mk_rec_fits(K) != fits) {
             ++fails;
             printf("FAIL mk_rec_fits(%d) = %d\n", K, (int) mk_rec_fits(K));
+        }
+    }
+    // where the default stages once (mk_once_on's bound: at least 8192 values a step, every job on 8-bit records, no norm,
+    // no pending residual step, a column within the host's buffer): E4B's down at every M, O (2048) from 4 tokens on,
+    // the global layers' O (4096) from 2; never under GGML_MK_VAR_STAGE_EVERY, always under GGML_MK_VAR_ONCE_ALL
+    {
+        static uint8_t wbuf[64];
+        auto mvr = [&](int type, int K, bool norm) {
+            const bool q4 = type == GGML_TYPE_Q4_0;
+            ggml_mk_weight w = { wbuf, type, K, 2560, q4 ? 144 : 1024, (uint64_t) (q4 ? K/32*18 : 4*K) };
+            mk_mv mv = {};
+            mv.jobs[0] = { w, nullptr, K, 0.0f };
+            mv.n_jobs  = 1;
+            mv.norm    = norm;
+            return mk_mvr_of(mv, 0);
+        };
+        const float one = 1.0f;
+        mk_xin plain = {}, normed = {}, res = {};
+        normed.nw = &one;
+        res.res_h = &one;
+        uint8_t * buf = wbuf;
+        struct { int type, K; bool norm; const mk_xin * x; int M; const uint8_t * xrec; int xrec_k, flags; bool want; } cs[] = {
+            { GGML_TYPE_Q4_0, 10240, false, &plain,  1, buf, 10240, 0, true  },   // down
+            { GGML_TYPE_Q4_0,  2048, false, &plain,  3, buf, 10240, 0, false },   // O, 3 tokens
+            { GGML_TYPE_Q4_0,  2048, false, &plain,  4, buf, 10240, 0, true  },   // O, 4 tokens
+            { GGML_TYPE_Q4_0,  4096, false, &plain,  1, buf, 10240, 0, false },   // global O, 1 token
+            { GGML_TYPE_Q4_0,  4096, false, &plain,  2, buf, 10240, 0, true  },   // global O, 2 tokens
+            { GGML_TYPE_Q4_0,  2560, true,  &normed, 8, buf, 10240, 0, false },   // Q/K/V, gate/up: normed
+            { GGML_TYPE_Q4_0, 10240, false, &res,    8, buf, 10240, 0, false },   // a pending residual step
+            { GGML_TYPE_F32,  10240, false, &plain,  8, buf, 10240, 0, false },   // float rows: no records
+            { GGML_TYPE_Q4_0, 10240, false, &plain,  8, buf,  4096, 0, false },   // wider than the buffer
+            { GGML_TYPE_Q4_0, 10240, false, &plain,  8, nullptr, 0, 0, false },   // no buffer
+            { GGML_TYPE_Q4_0, 10240, false, &plain,  8, buf, 10240, GGML_MK_VAR_STAGE_EVERY, false },
+            { GGML_TYPE_Q4_0,   256, false, &plain,  1, buf, 10240, GGML_MK_VAR_ONCE_ALL, true },
+        };
+        for (const auto & c : cs) {
+            const bool got = mk_once_on(mvr(c.type, c.K, c.norm), *c.x, c.M, c.xrec, c.xrec_k, c.flags);
+            if (got != c.want) {
+                ++fails;
+                printf("FAIL mk_once_on: type %d K=%d M=%d norm %d res %d xrec_k %d flags 0x%x: %d, not %d\n", c.type, c.K,
+                       c.M, (int) c.norm, c.x == &res, c.xrec_k, c.flags, (int) got, (int) c.want);
+            }
         }
     }
     for (int K : Ks) {
