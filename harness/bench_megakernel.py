@@ -18,6 +18,13 @@ runs test-mk's correctness checks on a small synthetic gemma4 model (logits vs t
 agreement) and on --model (logits vs a CPU copy of the model: the megakernel must be at least as close to the
 CPU as the graph), both with verify == decode bitwise for M = 2..8: the first time Apple's compiler and an
 Apple GPU run the kernel, these say whether it is right before its speed means anything.
+
+Besides tok/s it reports what issue 12 asks of every model: the weight bytes one decode step must read (the
+matrices of every phase in the megakernel's order, decode_phases; the embedding rows and norm vectors are left
+out, < 0.1 %), the weight-read roofline (the device's peak memory bandwidth / those bytes: PEAK_GBS by the device
+name test-mk's log prints, or --peak-gbs) and each side's share of it, and the launches per token (the megakernel:
+one kernel a step; the graph: llama.cpp's node count of its one-token graph, an upper bound on its kernels: views
+are nodes, fused ops are not subtracted; ncu counted 1189 CUDA kernels a token on E4B, issue 12).
 """
 
 from __future__ import annotations
@@ -53,6 +60,87 @@ def build_test_mk(build: Path, out: Path) -> Path:
     if r.returncode != 0:
         raise HarnessError(f"building test-mk failed:\n{' '.join(cmd)}\n{r.stderr[-3000:]}")
     return out
+
+
+# peak memory bandwidth (GB/s, vendor figures) by the device name the backend logs (CUDA: "Device 0: NAME,";
+# Metal: "GPU name:   NAME"); names whose parts differ in bandwidth (M3 Max, M4 Max: binned or not) are left out:
+# give --peak-gbs for them
+PEAK_GBS = {
+    "NVIDIA H200": 4800.0,
+    "NVIDIA H100 80GB HBM3": 3350.0,   # H100 SXM5
+    "NVIDIA H100 PCIe": 2000.0,
+    "NVIDIA H100 NVL": 3900.0,
+    "NVIDIA A100-SXM4-80GB": 2039.0,
+    "NVIDIA A100-SXM4-40GB": 1555.0,
+    "NVIDIA GeForce RTX 4090": 1008.0,
+    "NVIDIA GeForce RTX 3090": 936.0,
+    "Apple M1": 68.25, "Apple M1 Pro": 200.0, "Apple M1 Max": 400.0, "Apple M1 Ultra": 800.0,
+    "Apple M2": 100.0, "Apple M2 Pro": 200.0, "Apple M2 Max": 400.0, "Apple M2 Ultra": 800.0,
+    "Apple M3": 100.0, "Apple M3 Pro": 150.0, "Apple M4": 120.0, "Apple M4 Pro": 273.0,
+}
+
+
+def decode_phases(size: dict[str, int]) -> list[tuple[int, str]]:
+    """The weight bytes of each grid-barrier phase of a gemma3/gemma4 decode step, in the megakernel's order (mk_step in
+    megakernel/cuda/mk-kernel.cuh), from {tensor name: bytes}: [(bytes, phase name)]. One source for this bench's
+    roofline and bench/megakernel-floor/phases.py (floor.cu's phase list)."""
+    n_layer = 1 + max(int(n.split(".")[1]) for n in size if n.startswith("blk."))
+    ple = "per_layer_model_proj.weight" in size
+    b = lambda *names: sum(size.get(n, 0) for n in names)  # noqa: E731
+    out: list[tuple[int, str]] = []
+    if ple:
+        out += [(b("per_layer_model_proj.weight"), "per-layer proj"), (0, "per-layer inputs")]
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        out += [(b(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"), f"{il} q/k/v"),
+                (0, f"{il} heads"), (0, f"{il} attention"),
+                (b(p + "attn_output.weight"), f"{il} o proj"),
+                (b(p + "ffn_gate.weight", p + "ffn_up.weight"), f"{il} gate/up"),
+                (b(p + "ffn_down.weight"), f"{il} down")]
+        if ple:
+            out += [(b(p + "inp_gate.weight"), f"{il} per-layer gate"), (b(p + "proj.weight"), f"{il} per-layer proj+")]
+    out.append((b("output.weight") or b("token_embd.weight"), "lm head"))   # (tied: the LM head reads the embeddings)
+    return out
+
+
+def weight_bytes_per_token(model: Path, build: Path) -> int:
+    """The bytes of weights one decode step reads (decode_phases), the tensors' sizes from the GGUF's layout and the
+    build's own type traits (STQ1_0 included)."""
+    from .ggml import GGML
+    from .gguf_layout import read_layout
+    g = GGML(build)
+    size = {}
+    for t in read_layout(model).tensors:
+        rows = t.n_elements // t.dims[0] if t.dims and t.dims[0] else 0
+        size[t.name] = g.row_size(t.type_id, t.dims[0]) * rows if rows else 0
+    if not any(n.startswith("blk.") for n in size):
+        raise HarnessError(f"{model}: no blk.N tensors: not a gemma3/gemma4 decoder")
+    return sum(n for n, _ in decode_phases(size))
+
+
+def device_name(out: str) -> str | None:
+    """The GPU test-mk ran on, from the backend's log (first CUDA device, or Metal's GPU name)."""
+    m = re.search(r"Device 0: ([^,\n]+),", out) or re.search(r"GPU name:\s+(.+?)(?: \(|$)", out, re.M)
+    return m.group(1).strip() if m else None
+
+
+def graph_nodes_tg(out: str) -> int | None:
+    """The node count of llama.cpp's one-token graph (sched_reserve's "graph: nodes = PP / TG" or, when the two agree,
+    "nodes = N")."""
+    m = re.search(r"graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / (\d+))?", out)
+    if not m:
+        return None
+    return int(m.group(2) or m.group(1))
+
+
+def roofline(res: dict, wbytes: int, peak_gbs: float | None) -> dict:
+    """tok/s at the weight-read roofline and each side's share of it (None where the peak is unknown)."""
+    r: dict = {"weight_bytes_per_token": wbytes, "peak_gbs": peak_gbs}
+    if peak_gbs:
+        r["roofline_tok_s"] = peak_gbs*1e9/wbytes
+        for who in ("megakernel", "graph"):
+            r[f"{who}_roofline_pct"] = 100.0*res[f"{who}_tok_s"]*wbytes/(peak_gbs*1e9)
+    return r
 
 
 def parse(out: str) -> dict:
@@ -112,10 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tg", type=int, default=64, help="tokens generated per round (default 64)")
     ap.add_argument("--fa", type=int, choices=(0, 1), default=0, help="flash attention for the graph (default 0)")
     ap.add_argument("--verify-cost", action="store_true", help="also time verify batches of M = 1..5 tokens")
+    ap.add_argument("--peak-gbs", type=float, help="the device's peak memory bandwidth in GB/s for the roofline (default: "
+                    "PEAK_GBS by the device name the backend logs; no roofline line for a device not in it)")
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
     args = ap.parse_args(argv)
     if not args.model.is_file():
         raise HarnessError(f"model {args.model} does not exist")
+    if args.peak_gbs is not None and not args.peak_gbs > 0:
+        raise HarnessError(f"--peak-gbs {args.peak_gbs}: a bandwidth in GB/s, greater than 0")
     if args.build is None:
         if not args.backend:
             raise HarnessError("give --build BUILD_DIR or --backend (cuda, metal, metal-emu) to build the series")
@@ -143,6 +235,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"megakernel: {res['megakernel']}")
     print(f"| tok/s megakernel | tok/s graph | ratio (median of paired, {res['rounds']} rounds AB/BA, tg{res['tg']}) |")
     print(f"| {res['megakernel_tok_s']:.1f} | {res['graph_tok_s']:.1f} | {res['ratio']:.3f} |")
+    dev = device_name(out)
+    peak = args.peak_gbs or PEAK_GBS.get(dev or "")
+    res["device"] = dev
+    res.update(roofline(res, weight_bytes_per_token(args.model, args.build), peak))
+    wb = res["weight_bytes_per_token"]
+    if peak:
+        print(f"weight-read roofline: {wb/1e9:.3f} GB of weights a token at {peak:.0f} GB/s ({dev or 'device'}"
+              f"{', --peak-gbs' if args.peak_gbs else ''}) = {res['roofline_tok_s']:.0f} tok/s; megakernel "
+              f"{res['megakernel_roofline_pct']:.1f} %, graph {res['graph_roofline_pct']:.1f} %")
+    else:
+        print(f"weight-read roofline: {wb/1e9:.3f} GB of weights a token; device {dev or '(none named in the log)'} has no "
+              f"peak bandwidth in PEAK_GBS: give --peak-gbs for the roofline")
+    nodes = graph_nodes_tg(out)
+    res["launches_per_token"] = {"megakernel": 1 if res["megakernel"].startswith("on") else None, "graph_nodes_max": nodes}
+    print("launches per token: megakernel " + ("1 kernel a step (plus the step's upload and readback copies)"
+                                               if res["megakernel"].startswith("on") else "off (the graph ran on both sides)")
+          + f"; graph at most {nodes if nodes is not None else '?'} (the nodes of llama.cpp's one-token graph)")
     for who in ("megakernel", "graph"):
         if f"verify_{who}" in res:
             costs = ", ".join(f"M={k}: {v:.2f}x" for k, v in res[f"verify_{who}"].items())

@@ -696,10 +696,16 @@ def test_bench_megakernel_runs_end_to_end_on_the_cpu_build(tmp_path, cpu_build, 
     from harness import bench_megakernel
     out = tmp_path / "bench.json"
     rc = bench_megakernel.main(["--build", str(cpu_build), "--model", str(gemma_model), "--rounds", "2", "--tg", "4",
-                                "--verify-cost", "--json", str(out)])
+                                "--verify-cost", "--peak-gbs", "50", "--json", str(out)])
     res = json.loads(out.read_text())
     assert rc == 0 and res["megakernel"].startswith("off"), res
     assert res["megakernel_tok_s"] > 0 and res["graph_tok_s"] > 0 and 0.2 < res["ratio"] < 5, res
+    # the roofline at the given peak, from this run's own tok/s; the graph's one-token size from llama.cpp's log
+    wb = res["weight_bytes_per_token"]
+    assert res["peak_gbs"] == 50 and abs(res["roofline_tok_s"] - 50e9/wb) < 1e-6, res
+    assert abs(res["graph_roofline_pct"] - 100*res["graph_tok_s"]*wb/50e9) < 1e-6, res
+    assert res["device"] is None and res["launches_per_token"]["megakernel"] is None, res
+    assert 100 < res["launches_per_token"]["graph_nodes_max"] < 5000, res
     assert sorted(res["verify_megakernel"]) == ["1", "2", "3", "4", "5"], res
     parts = res["verify_megakernel_parts_us"]
     assert sorted(parts) == ["1", "2", "3", "4", "5"] and all(len(v) == 3 and v[0] > 0 for v in parts.values()), res
@@ -774,3 +780,36 @@ def test_cuda_toolkit_ncu_samples_per_function(tmp_path):
         cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "r.csv.gz", "kern", rows[:3]), report)
     with pytest.raises(cuda_toolkit.HarnessError, match="kernel nokern is not in this SASS"):
         cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "s.csv.gz", "nokern", rows), report)
+
+
+def test_bench_megakernel_weight_bytes_agree_with_gguf_py(cpu_build, gemma_model, synth_f16_target):
+    """The roofline's bytes a token (decode_phases over the layout reader and the build's type traits) against an
+    independent count with gguf-py's reader: every matrix of the file except the embedding tables a step only looks
+    rows up in (per_layer_token_embd; token_embd unless the LM head is tied to it, as in Gemma 3)"""
+    from gguf import GGUFReader
+    from harness.bench_megakernel import weight_bytes_per_token
+    for model in (gemma_model, synth_f16_target):
+        ts = {t.name: (int(t.n_bytes), sum(1 for d in t.shape if d > 1)) for t in GGUFReader(model).tensors}
+        want = sum(n for name, (n, nd) in ts.items() if nd >= 2 and name != "per_layer_token_embd.weight"
+                   and not (name == "token_embd.weight" and "output.weight" in ts))
+        assert weight_bytes_per_token(model, cpu_build) == want, model
+    # Gemma 3 270M's LM head is its 262144 x 640 embedding table: most of its bytes
+    assert weight_bytes_per_token(gemma_model, cpu_build) > 262144*640*0.5
+
+
+def test_bench_megakernel_reads_device_and_graph_size_from_the_logs():
+    """The device name and the one-token graph's size as the pinned llama.cpp logs them (ggml-cuda's device list,
+    ggml-metal's GPU name, llama_context's sched_reserve line in both of its forms); the roofline's arithmetic"""
+    from harness import bench_megakernel as bm
+    cuda = ("ggml_cuda_init: found 1 CUDA devices (Total VRAM: 143155 MiB):\n"
+            "  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes, VRAM: 143155 MiB\n")
+    assert bm.device_name(cuda) == "NVIDIA H200" and bm.PEAK_GBS[bm.device_name(cuda)] == 4800.0
+    assert bm.device_name("ggml_metal_device_init: GPU name:   Apple M2 Max (MTLGPUFamilyApple8)\n") == "Apple M2 Max"
+    assert bm.device_name("load_backend: loaded CPU backend\n") is None
+    assert bm.graph_nodes_tg("sched_reserve: graph (pp bs=512, tg bs=1): nodes = 1796 / 1702, splits = 1 / 1, "
+                             "input objects = 9 / 9, input tensors = 9 / 9\n") == 1702
+    assert bm.graph_nodes_tg("sched_reserve: graph: nodes = 733, splits = 1, input objects = 4, input tensors = 4\n") == 733
+    assert bm.graph_nodes_tg("nothing here") is None
+    r = bm.roofline({"megakernel_tok_s": 200.0, "graph_tok_s": 100.0}, 3_000_000_000, 4800.0)
+    assert r["roofline_tok_s"] == 1600.0 and r["megakernel_roofline_pct"] == 12.5 and r["graph_roofline_pct"] == 6.25
+    assert "roofline_tok_s" not in bm.roofline({"megakernel_tok_s": 1.0, "graph_tok_s": 1.0}, 10, None)
