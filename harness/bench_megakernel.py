@@ -158,6 +158,12 @@ def parse(out: str) -> dict:
         if m:
             res[f"verify_{who}_parts_us"] = {int(a): [float(b), float(c), float(d)] for a, b, c, d in
                                              re.findall(r"M=(\d+) ([\d.]+) / ([\d.]+) / ([\d.]+)", m.group(1))}
+    # LLAMA_MEGAKERNEL_PROFILE=1: the kernels' own time per step size (the first profile print of each M)
+    prof: dict = {}
+    for mm, us in re.findall(r"llama_mk profile: \d+ steps of (\d+) tokens?: kernel ([\d.]+) us", out):
+        prof.setdefault(int(mm), float(us))
+    if prof:
+        res["kernel_us"] = prof
     on = re.search(r"llama_mk: megakernel (on .*|off.*)", out)
     res["megakernel"] = on.group(1) if on else "no llama_mk line (build without GGML_MEGAKERNEL_DIR?)"
     return res
@@ -188,6 +194,24 @@ def synth_model() -> Path:
     return target
 
 
+def run_test_mk(args, checks: dict) -> tuple[str, int]:
+    """test-mk's checks (--check: their results into checks) and its timed run: (its output, exit status)."""
+    with tempfile.TemporaryDirectory() as td:
+        exe = build_test_mk(args.build, Path(td) / "test-mk")
+        if args.check:
+            for name, model, n, ref in (("synthetic gemma4", synth_model(), 32, False), (args.model.name, args.model, 32, True)):
+                ok, lines = check(exe, model, n, cpu_ref=ref)
+                checks[name] = {"passed": ok, "lines": lines}
+                print(f"check on {name}: {'passed' if ok else 'FAILED'}\n{lines}", flush=True)
+        cmd = [str(exe), "-m", str(args.model), "-n", "8", "--rounds", str(args.rounds), "--bench-n", str(args.tg),
+               "--fa", str(args.fa), "--max-nmse", "10", "--max-disagree", "100"]
+        if args.verify_cost:
+            cmd.append("--verify-cost")
+        print("running:", " ".join(cmd), flush=True)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    return r.stdout + r.stderr, r.returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stq-metal bench megakernel", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("cuda", "metal", "metal-emu"), help="with no --build: build the series "
@@ -202,36 +226,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-cost", action="store_true", help="also time verify batches of M = 1..5 tokens")
     ap.add_argument("--peak-gbs", type=float, help="the device's peak memory bandwidth in GB/s for the roofline (default: "
                     "PEAK_GBS by the device name the backend logs; no roofline line for a device not in it)")
+    ap.add_argument("--log", type=Path, help="report from this saved test-mk output (one run, e.g. from "
+                    "megakernel/device.sh's bench stage) instead of running test-mk; --build still gives the type sizes")
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
     args = ap.parse_args(argv)
     if not args.model.is_file():
         raise HarnessError(f"model {args.model} does not exist")
     if args.peak_gbs is not None and not args.peak_gbs > 0:
         raise HarnessError(f"--peak-gbs {args.peak_gbs}: a bandwidth in GB/s, greater than 0")
+    if args.log is not None and not args.log.is_file():
+        raise HarnessError(f"--log {args.log} does not exist")
     if args.build is None:
         if not args.backend:
             raise HarnessError("give --build BUILD_DIR or --backend (cuda, metal, metal-emu) to build the series")
         from . import build as buildmod
         args.build = buildmod.ensure_build(args.backend, targets=("llama", "ggml"))
     checks: dict = {}
-    with tempfile.TemporaryDirectory() as td:
-        exe = build_test_mk(args.build, Path(td) / "test-mk")
-        if args.check:
-            for name, model, n, ref in (("synthetic gemma4", synth_model(), 32, False), (args.model.name, args.model, 32, True)):
-                ok, lines = check(exe, model, n, cpu_ref=ref)
-                checks[name] = {"passed": ok, "lines": lines}
-                print(f"check on {name}: {'passed' if ok else 'FAILED'}\n{lines}", flush=True)
-        cmd = [str(exe), "-m", str(args.model), "-n", "8", "--rounds", str(args.rounds), "--bench-n", str(args.tg),
-               "--fa", str(args.fa), "--max-nmse", "10", "--max-disagree", "100"]
-        if args.verify_cost:
-            cmd.append("--verify-cost")
-        print("running:", " ".join(cmd), flush=True)
-        r = subprocess.run(cmd, capture_output=True, text=True)
-    out = r.stdout + r.stderr
+    if args.log is not None:
+        out, rc = args.log.read_text(errors="replace"), 0
+    else:
+        out, rc = run_test_mk(args, checks)
     res = parse(out)
     if "ratio" not in res:
         print(out[-4000:], file=sys.stderr)
-        raise HarnessError(f"test-mk printed no speed line (exit {r.returncode})")
+        raise HarnessError(f"test-mk printed no speed line (exit {rc}{', in ' + str(args.log) if args.log else ''})")
     print(f"megakernel: {res['megakernel']}")
     print(f"| tok/s megakernel | tok/s graph | ratio (median of paired, {res['rounds']} rounds AB/BA, tg{res['tg']}) |")
     print(f"| {res['megakernel_tok_s']:.1f} | {res['graph_tok_s']:.1f} | {res['ratio']:.3f} |")
@@ -252,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     print("launches per token: megakernel " + ("1 kernel a step (plus the step's upload and readback copies)"
                                                if res["megakernel"].startswith("on") else "off (the graph ran on both sides)")
           + f"; graph at most {nodes if nodes is not None else '?'} (the nodes of llama.cpp's one-token graph)")
+    if 1 in res.get("kernel_us", {}):
+        k1 = res["kernel_us"][1]
+        print("verify cost / one token (the megakernel's kernel alone, LLAMA_MEGAKERNEL_PROFILE): "
+              + ", ".join(f"M={m}: {us/k1:.2f}x" for m, us in sorted(res["kernel_us"].items())) + f" (M=1 {k1:.1f} us)")
     for who in ("megakernel", "graph"):
         if f"verify_{who}" in res:
             costs = ", ".join(f"M={k}: {v:.2f}x" for k, v in res[f"verify_{who}"].items())

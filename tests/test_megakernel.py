@@ -813,3 +813,27 @@ def test_bench_megakernel_reads_device_and_graph_size_from_the_logs():
     r = bm.roofline({"megakernel_tok_s": 200.0, "graph_tok_s": 100.0}, 3_000_000_000, 4800.0)
     assert r["roofline_tok_s"] == 1600.0 and r["megakernel_roofline_pct"] == 12.5 and r["graph_roofline_pct"] == 6.25
     assert "roofline_tok_s" not in bm.roofline({"megakernel_tok_s": 1.0, "graph_tok_s": 1.0}, 10, None)
+
+
+def test_bench_megakernel_reads_a_device_run_log(tmp_path, cpu_build, gemma_model):
+    """bench megakernel --log on a real H200 run's test-mk output (session 36's call A, side a; LLAMA_MEGAKERNEL_PROFILE=1):
+    the speed line, the device, the one-token graph's nodes and the kernel's own time per verify size, as that log
+    printed them; the report runs on it (the roofline's bytes here from the 270M model, only to exercise the path)"""
+    import gzip
+    import json
+    from harness import bench_megakernel as bm
+    text = gzip.open(config.REPO_ROOT / "bench" / "megakernel-h200-2026-12-06" / "s36" / "s36A-vcost.log.gz", "rt").read()
+    side_a = text.split("#### side ")[1]
+    res = bm.parse(side_a)
+    assert res["megakernel"].startswith("on CUDA0") and res["tg"] == 8 and res["megakernel_tok_s"] == 227.8, res
+    assert bm.device_name(side_a) == "NVIDIA H200" and bm.graph_nodes_tg(side_a) == 2057
+    assert res["kernel_us"] == {1: 4035.9, 2: 5546.4, 3: 6063.1, 4: 6498.8, 5: 7748.3, 6: 8207.6, 7: 8894.2, 8: 9376.2}
+    log = tmp_path / "bench.log"
+    log.write_text(side_a)
+    out = tmp_path / "r.json"
+    assert bm.main(["--build", str(cpu_build), "--model", str(gemma_model), "--log", str(log), "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["peak_gbs"] == 4800.0 and abs(r["megakernel_roofline_pct"] - 100*227.8*r["weight_bytes_per_token"]/4.8e12) < 1e-9
+    assert r["launches_per_token"] == {"megakernel": 1, "graph_nodes_max": 2057}
+    with pytest.raises(Exception, match="does not exist"):
+        bm.main(["--build", str(cpu_build), "--model", str(gemma_model), "--log", str(tmp_path / "none.log")])
