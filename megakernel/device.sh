@@ -165,7 +165,10 @@ stage_bench() {
     for m in ${MK_MODELS:-small}; do
         log "speed on $m"
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds "${MK_ROUNDS:-6}" --bench-n "${MK_BENCH_N:-64}" --max-nmse 10 --max-disagree 100 --verify-cost \
-            ${MK_VARIANT:+--variant "$MK_VARIANT"} 2>&1 | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk|variant" | tail -10
+            ${MK_VARIANT:+--variant "$MK_VARIANT"} 2>&1 | tee "$WORK/bench-run.log" | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk|variant" | tail -10
+        # issue 12's report of the run: the weight-read roofline and the launches per token (harness/bench_megakernel.py)
+        (cd "$HERE" && PYTHONPATH="$HERE" python3 -m harness.bench_megakernel --build "$BLD" --model "$(model_path "$m")" \
+            --log "$WORK/bench-run.log") 2>&1 | grep -E "roofline|launches|error" | tee -a "$OUT/bench.log"
     done
 }
 
