@@ -63,7 +63,7 @@ def build_test_mk(build: Path, out: Path) -> Path:
 
 
 # peak memory bandwidth (GB/s, vendor figures) by the device name the backend logs (CUDA: "Device 0: NAME,";
-# Metal: "GPU name:   NAME"); names whose parts differ in bandwidth (M3 Max, M4 Max: binned or not) are left out:
+# Metal: "GPU name:   MTL0 (NAME)"); names whose parts differ in bandwidth (M3 Max, M4 Max: binned or not) are left out:
 # give --peak-gbs for them
 PEAK_GBS = {
     "NVIDIA H200": 4800.0,
@@ -119,8 +119,9 @@ def weight_bytes_per_token(model: Path, build: Path) -> int:
 
 
 def device_name(out: str) -> str | None:
-    """The GPU test-mk ran on, from the backend's log (first CUDA device, or Metal's GPU name)."""
-    m = re.search(r"Device 0: ([^,\n]+),", out) or re.search(r"GPU name:\s+(.+?)(?: \(|$)", out, re.M)
+    """The GPU test-mk ran on, from the backend's log: ggml-cuda's first device ("Device 0: NAME, compute capability
+    ..."), or ggml-metal's "GPU name:   MTL0 (NAME)" (with several devices "(NAME (dev pP/vV))")."""
+    m = re.search(r"Device 0: ([^,\n]+),", out) or re.search(r"GPU name:\s+\S+ \((.+?)(?: \(dev p\d+/v\d+\))?\)\s*$", out, re.M)
     return m.group(1).strip() if m else None
 
 

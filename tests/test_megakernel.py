@@ -804,7 +804,8 @@ def test_bench_megakernel_reads_device_and_graph_size_from_the_logs():
     cuda = ("ggml_cuda_init: found 1 CUDA devices (Total VRAM: 143155 MiB):\n"
             "  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes, VRAM: 143155 MiB\n")
     assert bm.device_name(cuda) == "NVIDIA H200" and bm.PEAK_GBS[bm.device_name(cuda)] == 4800.0
-    assert bm.device_name("ggml_metal_device_init: GPU name:   Apple M2 Max (MTLGPUFamilyApple8)\n") == "Apple M2 Max"
+    assert bm.device_name("ggml_metal_device_init: GPU name:   MTL0 (Apple M2 Max)\n") == "Apple M2 Max"
+    assert bm.device_name("ggml_metal_device_init: GPU name:   MTL1 (Apple M2 Ultra (dev p1/v1))\n") == "Apple M2 Ultra"
     assert bm.device_name("load_backend: loaded CPU backend\n") is None
     assert bm.graph_nodes_tg("sched_reserve: graph (pp bs=512, tg bs=1): nodes = 1796 / 1702, splits = 1 / 1, "
                              "input objects = 9 / 9, input tensors = 9 / 9\n") == 1702
