@@ -24,13 +24,16 @@ matrices of every phase in the megakernel's order, decode_phases; the embedding 
 out, < 0.1 %), the weight-read roofline (the device's peak memory bandwidth / those bytes: PEAK_GBS by the device
 name test-mk's log prints, or --peak-gbs) and each side's share of it, and the launches per token (the megakernel:
 one kernel a step; the graph: llama.cpp's node count of its one-token graph, an upper bound on its kernels: views
-are nodes, fused ops are not subtracted; ncu counted 1189 CUDA kernels a token on E4B, issue 12).
+are nodes, fused ops are not subtracted; ncu counted 1189 CUDA kernels a token on E4B, issue 12). With --verify-cost
+a second, short run under LLAMA_MEGAKERNEL_PROFILE=1 gives the verify batches' cost in the kernel alone: the whole
+batch calls' ratios include llama_decode's host time on both sides of the ratio and understate it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -210,7 +213,17 @@ def run_test_mk(args, checks: dict) -> tuple[str, int]:
             cmd.append("--verify-cost")
         print("running:", " ".join(cmd), flush=True)
         r = subprocess.run(cmd, capture_output=True, text=True)
-    return r.stdout + r.stderr, r.returncode
+        out = r.stdout + r.stderr
+        if args.verify_cost:
+            # the verify batches' cost in the kernel alone: the whole batch call above also times llama_decode's host work,
+            # the same in numerator and denominator, which pulls every ratio toward 1 (NOTES.md session 32); a second,
+            # short run with the megakernel's profile (one-token steps and verify batches of 2..8 tokens)
+            pcmd = [str(exe), "-m", str(args.model), "-n", "8", "--rounds", "2", "--bench-n", "8", "--max-nmse", "10",
+                    "--max-disagree", "100", "--hidden-batches", "0", "--verify-cost"]
+            print("running: LLAMA_MEGAKERNEL_PROFILE=1", " ".join(pcmd), flush=True)
+            pr = subprocess.run(pcmd, capture_output=True, text=True, env={**os.environ, "LLAMA_MEGAKERNEL_PROFILE": "1"})
+            out += "\n".join(x for x in (pr.stdout + pr.stderr).splitlines() if x.startswith("llama_mk profile:")) + "\n"
+    return out, r.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         k1 = res["kernel_us"][1]
         print("verify cost / one token (the megakernel's kernel alone, LLAMA_MEGAKERNEL_PROFILE): "
               + ", ".join(f"M={m}: {us/k1:.2f}x" for m, us in sorted(res["kernel_us"].items())) + f" (M=1 {k1:.1f} us)")
+    elif args.verify_cost:
+        print("verify cost / one token (the kernel alone): no megakernel profile (the megakernel is off)")
     for who in ("megakernel", "graph"):
         if f"verify_{who}" in res:
             costs = ", ".join(f"M={k}: {v:.2f}x" for k, v in res[f"verify_{who}"].items())

@@ -689,9 +689,9 @@ def test_cuda_megakernel_planted_barrier_bug_fails(tmp_path, cuda_build, synth_f
     assert r.returncode != 0 and "test-mk: FAILED" in r.stdout, "grid barriers off went unnoticed:\n" + r.stdout[-3000:]
 
 
-def test_bench_megakernel_runs_end_to_end_on_the_cpu_build(tmp_path, cpu_build, gemma_model):
-    """The bench's plumbing (build test-mk, AB/BA rounds, verify cost, JSON) on the CPU build, where both
-    contexts run the graph: the ratio is ~1 and the megakernel reports itself off."""
+def test_bench_megakernel_runs_end_to_end_on_the_cpu_build(tmp_path, cpu_build, gemma_model, capsys):
+    """The bench's plumbing (build test-mk, AB/BA rounds, verify cost, its profile run, JSON) on the CPU build, where
+    both contexts run the graph: the ratio is ~1, the megakernel reports itself off and has no profile to report."""
     import json
     from harness import bench_megakernel
     out = tmp_path / "bench.json"
@@ -706,6 +706,9 @@ def test_bench_megakernel_runs_end_to_end_on_the_cpu_build(tmp_path, cpu_build, 
     assert abs(res["graph_roofline_pct"] - 100*res["graph_tok_s"]*wb/50e9) < 1e-6, res
     assert res["device"] is None and res["launches_per_token"]["megakernel"] is None, res
     assert 100 < res["launches_per_token"]["graph_nodes_max"] < 5000, res
+    printed = capsys.readouterr().out
+    assert "running: LLAMA_MEGAKERNEL_PROFILE=1" in printed and "kernel_us" not in res, printed[-2000:]
+    assert "the kernel alone): no megakernel profile (the megakernel is off)" in printed, printed[-2000:]
     assert sorted(res["verify_megakernel"]) == ["1", "2", "3", "4", "5"], res
     parts = res["verify_megakernel_parts_us"]
     assert sorted(parts) == ["1", "2", "3", "4", "5"] and all(len(v) == 3 and v[0] > 0 for v in parts.values()), res
