@@ -115,7 +115,10 @@ def weight_bytes_per_token(model: Path, build: Path) -> int:
     size = {}
     for t in read_layout(model).tensors:
         rows = t.n_elements // t.dims[0] if t.dims and t.dims[0] else 0
-        size[t.name] = g.row_size(t.type_id, t.dims[0]) * rows if rows else 0
+        try:
+            size[t.name] = g.row_size(t.type_id, t.dims[0]) * rows if rows else 0
+        except HarnessError as e:
+            raise HarnessError(f"{model}: tensor {t.name} (type {t.type_id}, ne {list(t.dims)}): {e}") from e
     if not any(n.startswith("blk.") for n in size):
         raise HarnessError(f"{model}: no blk.N tensors: not a gemma3/gemma4 decoder")
     return sum(n for n, _ in decode_phases(size))

@@ -168,7 +168,7 @@ stage_bench() {
             ${MK_VARIANT:+--variant "$MK_VARIANT"} 2>&1 | tee "$WORK/bench-run.log" | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk|variant" | tail -10
         # issue 12's report of the run: the weight-read roofline and the launches per token (harness/bench_megakernel.py)
         (cd "$HERE" && PYTHONPATH="$HERE" python3 -m harness.bench_megakernel --build "$BLD" --model "$(model_path "$m")" \
-            --log "$WORK/bench-run.log") 2>&1 | grep -E "roofline|launches|error" | tee -a "$OUT/bench.log"
+            --log "$WORK/bench-run.log") 2>&1 | grep -iE "roofline|launches|error" | tee -a "$OUT/bench.log"
     done
 }
 

@@ -841,3 +841,17 @@ def test_bench_megakernel_reads_a_device_run_log(tmp_path, cpu_build, gemma_mode
     assert r["launches_per_token"] == {"megakernel": 1, "graph_nodes_max": 2057}
     with pytest.raises(Exception, match="does not exist"):
         bm.main(["--build", str(cpu_build), "--model", str(gemma_model), "--log", str(tmp_path / "none.log")])
+
+
+def test_bench_megakernel_names_the_tensor_it_cannot_size(tmp_path, cpu_build):
+    """A matrix whose rows are not whole blocks of its type: the roofline's byte count stops with the file and the
+    tensor's name, not the type traits' bare message"""
+    from harness.bench_megakernel import weight_bytes_per_token
+    from harness.gguf_layout import RawTensor, write_gguf
+    from harness.util import HarnessError
+    bad = tmp_path / "bad.gguf"
+    write_gguf(bad, {"general.architecture": "gemma3"},
+               [RawTensor("blk.0.attn_q.weight", (33, 2), 2, bytes(64)),      # Q4_0 (type 2): 32-value blocks
+                RawTensor("token_embd.weight", (32, 4), 0, bytes(512))])
+    with pytest.raises(HarnessError, match=r"bad\.gguf: tensor blk\.0\.attn_q\.weight \(type 2, ne \[33, 2\]\)"):
+        weight_bytes_per_token(bad, cpu_build)
