@@ -23,6 +23,15 @@ acceptance is closest to each A.
 as ggml ops on the logits, the host reads the sampled ids); the megakernel's steps then run the chain in a small graph
 of their own over the kernel's logits (LLM_GRAPH_TYPE_MK_SAMPLING) instead of falling back to the model's graph.
 
+--mk-timeline (or --mk-profile): the megakernel servers' host timeline, and from it where a step's time goes through
+the server: launch (the megakernel's launch to its end: upload, kernel, results), set-up (llama_context::decode's start
+to the launch: batch, cache cells, masks, embedding rows), after (the launch's end to decode's return: the backend
+samplers' graph when on), draft (a fused draft launch), server (decode's or a draft's end to the next: the server's
+own work, sampling on the host when the samplers are not on the device). Steady intervals only (counted at least a
+tenth as often as the most counted one), each its count x its median, per step; session 38 (H100, E4B-shaped, greedy
+with --backend-sampling): 4237 launch + 86 set-up + 70 after + 196 server = 4589 us, 0.2 % off the server's timings.
+--k 0 runs the greedy configurations alone (no assistant needed).
+
     stq-metal bench mtp --bin BUILD/bin --target T.gguf --assistant A.gguf [--k 1,2,3] [--rounds 2] [-n 256]
         [--noise 1,3 | --accept 0.75,0.5,0.25 --noise-grid 0.5,1,2,4,8] [--backend-sampling] [--json OUT.json]
 """
@@ -33,6 +42,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -72,6 +82,7 @@ def configs(assistant: Path, ks: list[int], graph: bool, mk_profile: bool = Fals
                 "--spec-draft-n-min", "0"]
     mk = {"LLAMA_MEGAKERNEL": "1", **({"LLAMA_MEGAKERNEL_PROFILE": "1"} if mk_profile else {}),
           **({"LLAMA_MEGAKERNEL_TIMELINE": "1"} if mk_timeline else {})}
+    ks = [k for k in ks if k > 0]   # (K = 0: the greedy configurations alone)
     out = [Cfg("greedy-mk", mk, [])]
     out += [Cfg(f"mtp-k{k}-mk", mk, mtp(k), "greedy-mk") for k in ks]
     if graph:
@@ -126,6 +137,65 @@ def last_line(log: str, marker: str) -> str:
     """The log's last line that holds marker, from the marker on ("" if none)."""
     lines = [x[x.index(marker):].strip() for x in log.splitlines() if marker in x]
     return lines[-1] if lines else ""
+
+
+# the megakernel's timeline (llama-mk.h) as the server's time a step: each interval between two points (a pair "A1 ..
+# B1") goes to one part of a step, by its points
+STEP_PARTS = ("launch", "set-up", "after", "draft", "server")
+_TL_PAIR = re.compile(r"(\S+?)(-?\d+) \.\. (\S+?)(-?\d+): (\d+) x (\d+) us median, ([\d.]+) mean")
+
+
+def step_part(a: str, b: str) -> str:
+    """The part of a server's step an interval from point a to point b is (STEP_PARTS; "" for none of them):
+    launch = the megakernel's launch to its end (upload, kernel, results), set-up = llama_context::decode's start to the
+    launch (batch, cache cells, masks, embedding rows), after = the launch's end to decode's return (the backend
+    samplers' graph, when on), draft = a fused draft from its start to its end, server = decode's or a draft's end to
+    the next decode or draft (the server's own work: host sampling, bookkeeping, the reply)."""
+    if a == "step.launch>" and b == "step<":
+        return "launch"
+    if a in ("decode>", "step>", "step.rows>") and b in ("step>", "step.rows>", "step.launch>"):
+        return "set-up"
+    if a in ("step<", "sampling>", "sampling<") and b in ("sampling>", "sampling<", "decode<"):
+        return "after"
+    if a in ("draft>", "draft.launch>") and b in ("draft.launch>", "draft<"):
+        return "draft"
+    if a in ("decode<", "draft<") and b in ("decode>", "draft>"):
+        return "server"
+    return ""
+
+
+def step_split(timeline: str, steady: float = 0.1) -> dict | None:
+    """A megakernel server's time a step from its timeline line ("llama_mk timeline: N points; A1 .. B1: C x M us median,
+    X mean; ..."): the steady intervals only (a pair counted at least `steady` times the most counted pair's count: the
+    prompt's batches and first steps, counted a few times, are left out), each as its count x its median (robust to
+    the odd slow step), summed per part (STEP_PARTS) and divided by the steady launches (the steps). None when the
+    line holds no launch."""
+    pairs = [(m[1], m[3], int(m[5]), int(m[6])) for m in _TL_PAIR.finditer(timeline)]
+    if not pairs:
+        return None
+    top = max(c for _, _, c, _ in pairs)
+    keep = [(a, b, c, med) for a, b, c, med in pairs if c >= steady*top]
+    steps = sum(c for a, b, c, _ in keep if step_part(a, b) == "launch")
+    if steps == 0:
+        return None
+    us = {p: 0.0 for p in STEP_PARTS}
+    other = 0.0
+    for a, b, c, med in keep:
+        part = step_part(a, b)
+        if part:
+            us[part] += c*med/steps
+        else:
+            other += c*med/steps
+    total = sum(us.values()) + other
+    return {"steps": steps, "us": us, "other_us": other, "total_us": total,
+            "launch_share": us["launch"]/total if total > 0 else 0.0}
+
+
+def format_split(sp: dict) -> str:
+    parts = " + ".join(f"{sp['us'][p]:.0f} {p}" for p in STEP_PARTS if sp["us"][p] > 0 or p in ("launch", "server"))
+    extra = f" + {sp['other_us']:.0f} other" if sp["other_us"] >= 0.5 else ""
+    return (f"a step through the server: {parts}{extra} = {sp['total_us']:.0f} us (the launch {100*sp['launch_share']:.1f} %; "
+            f"{sp['steps']} steady steps, their intervals' medians)")
 
 
 def load_set_noise():
@@ -192,7 +262,7 @@ def summarize(cfgs: list[Cfg], res: dict, fails: int) -> tuple[dict, int]:
         row = {"tok_s": statistics.median(x.tok_s), "tok_s_rounds": x.tok_s,
                "accepted_per_draft": x.draft_accepted/x.draft_n if x.draft_n else None,
                "draft_n": x.draft_n, "draft_accepted": x.draft_accepted, "log_lines": x.lines,
-               "host_profile": x.prof}
+               "host_profile": x.prof, "step_split": step_split(x.prof) if x.prof else None}
         for b, y in base.items():
             row[f"vs_{b}"] = statistics.median(p/q for p, q in zip(x.tok_s, y.tok_s))
         row["ids_stable_over_rounds"] = not x.unstable
@@ -225,6 +295,16 @@ def print_level(title: str, rows: dict) -> None:
         print(f"  {name:<16} {r['tok_s']:>8.1f} {acc:>15} " + " ".join(f"{r['vs_' + b]:>15.3f}x" for b in bases) + same)
 
 
+def ints(s: str) -> list[int]:
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {s!r}") from None
+    if not v or any(k < 0 or k > 8 for k in v):
+        raise argparse.ArgumentTypeError(f"draft counts are 0..8 (0: greedy alone), got {s!r}")
+    return v
+
+
 def floats(s: str) -> list[float]:
     try:
         return [float(x) for x in s.split(",") if x.strip()]
@@ -237,9 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", type=Path, required=True, help="the build's bin folder (llama-server with the megakernel)")
     ap.add_argument("--target", type=Path, required=True, help="the gemma4 target GGUF")
-    ap.add_argument("--assistant", type=Path, required=True, help="its gemma4-assistant GGUF (the MTP head)")
-    ap.add_argument("--k", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3],
-                    help="draft counts K, comma-separated (default 1,2,3)")
+    ap.add_argument("--assistant", type=Path, help="its gemma4-assistant GGUF (the MTP head; needed for any K > 0)")
+    ap.add_argument("--k", type=ints, default=[1, 2, 3],
+                    help="draft counts K, comma-separated (default 1,2,3); 0: the greedy configurations alone")
     ap.add_argument("--rounds", type=int, default=2, help="rounds in alternating order (default 2: AB.., ..BA)")
     ap.add_argument("-n", "--n-predict", type=int, default=256, help="tokens generated per prompt (default 256)")
     ap.add_argument("--prompts", type=int, default=2, help=f"prompts of harness.spec.PROMPTS (default 2, at most {len(spec.PROMPTS)})")
@@ -266,7 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--accept and --noise-grid go together")
     if a.noise and a.accept:
         ap.error("--noise or --accept, not both")
-    for p in (a.bin / "llama-server", a.target, a.assistant):
+    speculative = any(k > 0 for k in a.k)
+    if speculative and a.assistant is None:
+        ap.error("--assistant is needed for draft counts K > 0 (--k 0: the greedy configurations alone)")
+    if a.accept and not speculative:
+        ap.error("--accept probes the acceptance of drafts: it needs a draft count K > 0")
+    for p in (a.bin / "llama-server", a.target, *([a.assistant] if speculative else [])):
         if not p.exists():
             ap.error(f"{p}: no such file")
     prompts = spec.PROMPTS[:max(1, a.prompts)]
@@ -313,6 +398,9 @@ def run_levels(a, levels: list, prompts: list[str], results: dict, set_noise) ->
         for name, r in rows.items():
             if r["host_profile"]:
                 print(f"  [{name}] {r['host_profile']}")
+        for name, r in rows.items():
+            if r.get("step_split"):
+                print(f"  [{name}] {format_split(r['step_split'])}")
         results["levels"].append({"noise": y, "configs": rows})
     if a.json:
         atomic_write_bytes(a.json, json.dumps(results, indent=1).encode())

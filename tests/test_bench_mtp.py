@@ -208,3 +208,81 @@ def test_last_line_takes_the_last_marked_line_from_its_marker():
            "0.12.003 I llama_mk timeline: 512 calls; step 1: 256 x 4310.5 us\n")
     assert bench_mtp.last_line(log, bench_mtp.TL_LINE) == "llama_mk timeline: 512 calls; step 1: 256 x 4310.5 us"
     assert bench_mtp.last_line(log, "llama_mk profile:") == ""
+
+
+# a greedy megakernel server's timeline, made up: 100 steady steps, a prompt's batch of 4 seen twice (left out), and one
+# pair outside every part; the expected parts below are worked out by hand from these numbers
+_TL_GREEDY = ("llama_mk timeline: 812 points; step.launch>1 .. step<1: 100 x 4000 us median, 4100.0 mean; "
+              "decode<1 .. decode>1: 99 x 200 us median, 230.5 mean; decode>4 .. step>4: 2 x 40000 us median, 40000.0 mean; "
+              "decode>1 .. step>1: 100 x 30 us median, 31.0 mean; step>1 .. step.rows>1: 100 x 20 us median, 20.0 mean; "
+              "step.rows>1 .. step.launch>1: 100 x 25 us median, 25.0 mean; step<1 .. sampling>1: 100 x 3 us median, 3.0 mean; "
+              "sampling>1 .. sampling<1: 100 x 70 us median, 300.0 mean; sampling<1 .. decode<1: 100 x 2 us median, 2.0 mean; "
+              "step.launch>4 .. step<4: 2 x 6000 us median, 6000.0 mean; step<1 .. step.launch>1: 50 x 10 us median, 10.0 mean")
+
+
+def test_step_split_parts_of_a_greedy_step():
+    sp = bench_mtp.step_split(_TL_GREEDY)
+    assert sp["steps"] == 100                               # the batch of 4's launches (2 < 10 % of 100) are not steps
+    assert sp["us"]["launch"] == pytest.approx(4000.0)
+    assert sp["us"]["set-up"] == pytest.approx(30 + 20 + 25)
+    assert sp["us"]["after"] == pytest.approx(3 + 70 + 2)   # medians, not the means (the odd slow sampling graph)
+    assert sp["us"]["server"] == pytest.approx(99*200/100)
+    assert sp["us"]["draft"] == 0.0
+    assert sp["other_us"] == pytest.approx(50*10/100)       # a pair of no part is still counted, apart
+    assert sp["total_us"] == pytest.approx(4000 + 75 + 75 + 198 + 5)
+    assert sp["launch_share"] == pytest.approx(4000/4353)
+    line = bench_mtp.format_split(sp)
+    assert "4000 launch + 75 set-up + 75 after + 198 server + 5 other = 4353 us" in line, line
+    assert "(the launch 91.9 %" in line and "100 steady steps" in line, line
+
+
+def test_step_split_of_a_speculative_step_counts_the_draft():
+    tl = ("llama_mk timeline: 600 points; step.launch>3 .. step<3: 50 x 6000 us median, 6100.0 mean; "
+          "decode<3 .. draft>2: 50 x 400 us median, 410.0 mean; draft>2 .. draft.launch>2: 50 x 20 us median, 20.0 mean; "
+          "draft.launch>2 .. draft<2: 50 x 500 us median, 500.0 mean; draft<2 .. decode>3: 50 x 40 us median, 40.0 mean; "
+          "decode>3 .. step>3: 50 x 30 us median, 30.0 mean; step>3 .. step.rows>3: 50 x 20 us median, 20.0 mean; "
+          "step.rows>3 .. step.launch>3: 50 x 50 us median, 50.0 mean; step<3 .. decode<3: 50 x 10 us median, 10.0 mean")
+    sp = bench_mtp.step_split(tl)
+    assert sp["steps"] == 50
+    assert sp["us"] == pytest.approx({"launch": 6000.0, "set-up": 100.0, "after": 10.0, "draft": 520.0, "server": 440.0})
+    assert sp["total_us"] == pytest.approx(7070.0)
+
+
+def test_step_split_without_a_launch_or_a_timeline():
+    assert bench_mtp.step_split("") is None
+    assert bench_mtp.step_split("llama_mk timeline: 3 points; decode<1 .. decode>1: 2 x 200 us median, 200.0 mean") is None
+
+
+def test_step_split_of_real_server_timelines_adds_up_to_their_speed():
+    # session 38 on an H100 (bench/megakernel-h200-2026-12-06/s38: E4B-shaped pair, greedy and mtp k = 1 through
+    # llama-server, with and without backend sampling): the timeline's step, from the host clock, against the server's
+    # own timings (tokens / predicted_ms): a greedy step is a token, an mtp k = 1 step two (every draft accepted there)
+    import json
+    d = config.REPO_ROOT / "bench" / "megakernel-h200-2026-12-06" / "s38"
+    seen = 0
+    for f in ("s38E-e2e-bs.json", "s38E-e2e-host.json", "s38D-e2e.json"):
+        for name, row in json.loads((d / f).read_text())["levels"][0]["configs"].items():
+            if not row["host_profile"]:
+                continue
+            sp = bench_mtp.step_split(row["host_profile"])
+            tokens = 1 if name.startswith("greedy") else 1 + row["accepted_per_draft"]
+            assert sp["total_us"]/tokens == pytest.approx(1e6/row["tok_s"], rel=0.06), (f, name, sp)
+            assert 0.6 < sp["launch_share"] < 0.95, (f, name, sp)
+            seen += 1
+    assert seen == 6
+
+
+def test_bench_mtp_greedy_alone_needs_no_assistant(monkeypatch, tmp_path, capsys):
+    names = [c.name for c in bench_mtp.configs(None, [0], True)]
+    assert names == ["greedy-mk", "greedy-graph"]
+    (tmp_path / "llama-server").write_text("")
+    (tmp_path / "t.gguf").write_text("")
+    ran = []
+    monkeypatch.setattr(bench_mtp, "run_levels", lambda a, levels, prompts, results, set_noise: ran.append(a.k) or 0)
+    assert bench_mtp.main(["--bin", str(tmp_path), "--target", str(tmp_path / "t.gguf"), "--k", "0"]) == 0
+    assert ran == [[0]]
+    for bad, msg in ((["--k", "2"], "--assistant is needed"), (["--k", "0", "--accept", "0.5", "--noise-grid", "1,2"],
+                                                               "needs a draft count"), (["--k", "9"], "0..8")):
+        with pytest.raises(SystemExit):
+            bench_mtp.main(["--bin", str(tmp_path), "--target", str(tmp_path / "t.gguf"), *bad])
+        assert msg in capsys.readouterr().err, bad
