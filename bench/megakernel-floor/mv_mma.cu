@@ -1,0 +1,314 @@
+// mv_mma.cu: the int8 MMA lever for the megakernel's verify mat-vecs, measured apart from the kernel (session 38).
+//
+// A verify step of M tokens costs the megakernel 1.38 / 1.50 / 1.60x a one-token step for M = 2 / 3 / 4 (E4B-shaped,
+// H100): each extra column costs the mat-vecs a record load and 8 dp4a per 32 weights, about what decoding the block
+// costs, so they are issue-bound. mma.m16n8k32 (u8 x s8 -> s32) takes 16 rows x one 32-value block x 8 columns per
+// instruction. This program streams Q4_0 matrices (GGUF layout, the E4B widths) against M columns of 8-bit records
+// in shared memory (the megakernel's 48-byte records in their mk_rec_slot places) two ways, in one persistent grid of
+// one 512-thread block per SM like the megakernel's:
+//   dp4a  the megakernel's own one-token and verify code: mk_pairs (two rows a warp, a lane per block pair, records
+//         per column) and a warp tree per row and column
+//   mma   a warp per 16 rows: per block one mma.sync.m16n8k32.row.col.s32.u8.s8.s32 (A: the rows' unsigned nibbles,
+//         one 4-byte load per lane and row; B: the records of columns 0..7), then the same float step per row, column
+//         and block as mk_dot_rec (sf = si - 8*sum, fmaf(dw*dx, sf, acc)); each lane keeps rows g, g+8 x columns 2t,
+//         2t+1: no tree
+// The integer sums are exact, so both give each (row, column, block) the same si; only the order the blocks' float
+// terms are added in differs (checked against a float64 reference). Prints, per M = 1..8, the median time of a pass
+// over the matrices (launches in alternating order), its ratio to M = 1 and the GB/s of the weights.
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90 -I$SRC/ggml/src -I$SRC/ggml/include -Imegakernel -Imegakernel/cuda \
+//        bench/megakernel-floor/mv_mma.cu -o mv_mma && ./mv_mma [--rows 10240 --k 2560] [--mats 8] [--reps 15]
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "mk-device.cuh"
+#include "mk-kernel.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static constexpr int BQ = 18;   // bytes of a Q4_0 block
+
+struct mv_args {
+    const uint8_t * w;      // [mats][rows] rows of nb Q4_0 blocks
+    const uint8_t * rec;    // [8][KG] records (global; every block copies them to shared memory first)
+    float         * y;      // [mats][M][rows]
+    int rows, nb, mats, M;
+};
+
+// every block: the records of the 8 columns into shared memory
+static __device__ uint8_t * mv_stage(const mv_args & a) {
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int n16 = 8*a.nb*MK_XQ_REC/16;
+    for (int i = threadIdx.x; i < n16; i += blockDim.x) {
+        ((int4 *) sm)[i] = ((const int4 *) a.rec)[i];
+    }
+    __syncthreads();
+    return sm;
+}
+
+template <int MC>
+__global__ void __launch_bounds__(MK_THREADS) mv_dp4a(const mv_args a) {
+    const uint8_t * xq = mv_stage(a);
+    const int lane  = threadIdx.x % WARP_SIZE;
+    const int warp  = (threadIdx.x / WARP_SIZE)*gridDim.x + blockIdx.x;   // SM-first, as the megakernel deals units
+    const int nw    = gridDim.x*MK_WARPS;
+    const size_t rb = (size_t) a.nb*BQ;
+    const size_t cs = (size_t) a.nb*MK_XQ_REC;
+    const int units = a.mats*a.rows/2;
+    for (int u = warp; u < units; u += nw) {
+        const int mat = u / (a.rows/2);
+        const int r0  = 2*(u % (a.rows/2));
+        const uint8_t * w0 = a.w + ((size_t) mat*a.rows + r0)*rb;
+        float acc0[MC], acc1[MC];
+#pragma unroll
+        for (int m = 0; m < MC; ++m) {
+            acc0[m] = 0.0f;
+            acc1[m] = 0.0f;
+        }
+        mk_pairs<true, true, MC>(w0, w0 + rb, a.nb, xq, 0, a.M, cs, acc0, acc1, false);
+#pragma unroll
+        for (int m = 0; m < MC; ++m) {
+            if (m < a.M) {
+                const float s0 = mk_warp_sum(acc0[m]);
+                const float s1 = mk_warp_sum(acc1[m]);
+                if (lane == 0) {
+                    a.y[((size_t) mat*a.M + m)*a.rows + r0]     = s0;
+                    a.y[((size_t) mat*a.M + m)*a.rows + r0 + 1] = s1;
+                }
+            }
+        }
+    }
+}
+
+static __device__ __forceinline__ void mv_mma_u8s8(int (&c)[4], const unsigned (&av)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(av[0]), "r"(av[1]), "r"(av[2]), "r"(av[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+__global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
+    const uint8_t * xq = mv_stage(a);
+    const int lane  = threadIdx.x % WARP_SIZE;
+    const int g     = lane / 4;   // mma's groupID: rows g, g + 8 of A and C, column g of B
+    const int t     = lane % 4;   // its thread in the group: k = 4t.., 16 + 4t.. of A and B, columns 2t, 2t+1 of C
+    const int warp  = (threadIdx.x / WARP_SIZE)*gridDim.x + blockIdx.x;
+    const int nw    = gridDim.x*MK_WARPS;
+    const size_t rb = (size_t) a.nb*BQ;
+    const size_t cs = (size_t) a.nb*MK_XQ_REC;
+    const int units = a.mats*a.rows/16;
+    const int c0 = 2*t, c1 = 2*t + 1;   // this lane's columns of C
+    const uint8_t * xb = xq + (size_t) g*cs;   // column g's records (B)
+    for (int u = warp; u < units; u += nw) {
+        const int mat = u / (a.rows/16);
+        const int r0  = 16*(u % (a.rows/16));
+        const unsigned * wr0 = (const unsigned *) (a.w + ((size_t) mat*a.rows + r0 + g)*rb);       // row g
+        const unsigned * wr1 = (const unsigned *) (a.w + ((size_t) mat*a.rows + r0 + g + 8)*rb);   // row g + 8
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // (row g, c0), (g, c1), (g + 8, c0), (g + 8, c1)
+#pragma unroll 2
+        for (int p = 0; p < a.nb/2; ++p) {
+            // pair p: 9 words (d0 | q0[0..1], q0[2..13], q0[14..15] | d1, q1[0..15]); lane t's quant bytes 4t..4t+3 of
+            // block 0 sit 2 bytes into word t, of block 1 in word 5 + t
+            const unsigned * p0 = wr0 + 9*p;
+            const unsigned * p1 = wr1 + 9*p;
+            const unsigned x00 = p0[0], x04 = p0[4], y00 = p1[0], y04 = p1[4];
+            const unsigned q00 = __funnelshift_r(p0[t], p0[t + 1], 16), q01 = p0[5 + t];
+            const unsigned q10 = __funnelshift_r(p1[t], p1[t + 1], 16), q11 = p1[5 + t];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int b = 2*p + h;
+                const uint8_t * rg = xb + (size_t) mk_rec_slot(b)*MK_XQ_REC;
+                const unsigned b0 = *(const unsigned *) (rg + 4*t);
+                const unsigned b1 = *(const unsigned *) (rg + 16 + 4*t);
+                const unsigned qa = h ? q01 : q00, qb = h ? q11 : q10;
+                const unsigned av[4] = { qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, (qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F };
+                int c[4];
+                mv_mma_u8s8(c, av, b0, b1);
+                const float dwa = mk_f16((uint16_t) (h ? (x04 >> 16) : (x00 & 0xffff)));
+                const float dwb = mk_f16((uint16_t) (h ? (y04 >> 16) : (y00 & 0xffff)));
+                const uint8_t * s0 = xq + (size_t) c0*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32;
+                const uint8_t * s1 = xq + (size_t) c1*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32;
+                const float2 dq0 = *(const float2 *) s0;   // d, sum of q
+                const float2 dq1 = *(const float2 *) s1;
+                acc[0] = fmaf(__fmul_rn(dwa, dq0.x), __fsub_rn((float) c[0], __fmul_rn(8.0f, dq0.y)), acc[0]);
+                acc[1] = fmaf(__fmul_rn(dwa, dq1.x), __fsub_rn((float) c[1], __fmul_rn(8.0f, dq1.y)), acc[1]);
+                acc[2] = fmaf(__fmul_rn(dwb, dq0.x), __fsub_rn((float) c[2], __fmul_rn(8.0f, dq0.y)), acc[2]);
+                acc[3] = fmaf(__fmul_rn(dwb, dq1.x), __fsub_rn((float) c[3], __fmul_rn(8.0f, dq1.y)), acc[3]);
+            }
+        }
+        float * y = a.y + (size_t) mat*a.M*a.rows + r0;
+        if (c0 < a.M) {
+            y[(size_t) c0*a.rows + g]     = acc[0];
+            y[(size_t) c0*a.rows + g + 8] = acc[2];
+        }
+        if (c1 < a.M) {
+            y[(size_t) c1*a.rows + g]     = acc[1];
+            y[(size_t) c1*a.rows + g + 8] = acc[3];
+        }
+    }
+}
+
+static uint16_t f2h(float f) {
+    __half h = __float2half(f);
+    return *(uint16_t *) &h;
+}
+static float h2f(uint16_t u) {
+    __half h;
+    memcpy(&h, &u, 2);
+    return __half2float(h);
+}
+
+int main(int argc, char ** argv) {
+    int rows = 10240, K = 2560, mats = 8, reps = 15;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string o = argv[i];
+        const int v = atoi(argv[i + 1]);
+        if (o == "--rows") rows = v; else if (o == "--k") K = v; else if (o == "--mats") mats = v; else if (o == "--reps") reps = v;
+        else { fprintf(stderr, "unknown option %s\n", o.c_str()); return 2; }
+    }
+    if (rows % 16 || K % 64 || !mk_rec_fits(K)) {
+        fprintf(stderr, "rows must be a multiple of 16, K of 64 (records in their own slots)\n");
+        return 2;
+    }
+    const int nb = K/32;
+    const size_t rb = (size_t) nb*BQ, wbytes = (size_t) mats*rows*rb;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("mv_mma: %s, %d SMs; %d matrices of %d x %d Q4_0 (%.1f MB), columns M = 1..8\n", prop.name,
+           prop.multiProcessorCount, mats, rows, K, wbytes/1e6);
+
+    // random weights (scales 0.01..0.03, random nibbles) and records (q in -127..127, d 0.001..0.01, sum of q)
+    srand(1234);
+    auto rnd = [] { return (unsigned) rand(); };
+    std::vector<uint8_t> w(wbytes);
+    for (size_t r = 0; r < (size_t) mats*rows; ++r) {
+        for (int b = 0; b < nb; ++b) {
+            uint8_t * blk = w.data() + r*rb + (size_t) b*BQ;
+            const uint16_t d = f2h(0.01f + 0.02f*(rnd() % 1000)/1000.0f);
+            memcpy(blk, &d, 2);
+            for (int j = 0; j < 16; ++j) blk[2 + j] = (uint8_t) rnd();
+        }
+    }
+    std::vector<uint8_t> rec((size_t) 8*nb*MK_XQ_REC, 0);
+    std::vector<std::vector<int8_t>> xqv(8, std::vector<int8_t>((size_t) K));
+    std::vector<std::vector<float>>  xd(8, std::vector<float>(nb));
+    for (int m = 0; m < 8; ++m) {
+        for (int b = 0; b < nb; ++b) {
+            uint8_t * rp = rec.data() + ((size_t) m*nb + mk_rec_slot(b))*MK_XQ_REC;
+            int s = 0;
+            for (int j = 0; j < 32; ++j) {
+                const int8_t q = (int8_t) ((int) (rnd() % 255) - 127);
+                xqv[m][32*b + j] = q;
+                rp[j] = (uint8_t) q;
+                s += q;
+            }
+            const float d = 0.001f + 0.009f*(rnd() % 1000)/1000.0f, sf = (float) s;
+            xd[m][b] = d;
+            memcpy(rp + 32, &d, 4);
+            memcpy(rp + 36, &sf, 4);
+        }
+    }
+    uint8_t * dw, * drec;
+    float * dy;
+    CK(cudaMalloc(&dw, wbytes));
+    CK(cudaMalloc(&drec, rec.size()));
+    CK(cudaMalloc(&dy, (size_t) mats*8*rows*sizeof(float)));
+    CK(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(drec, rec.data(), rec.size(), cudaMemcpyHostToDevice));
+    const size_t smem = rec.size();
+    CK(cudaFuncSetAttribute(mv_dp4a<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
+    CK(cudaFuncSetAttribute(mv_dp4a<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
+    CK(cudaFuncSetAttribute(mv_dp4a<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
+    CK(cudaFuncSetAttribute(mv_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
+    const int grid = prop.multiProcessorCount;
+
+    auto launch = [&](bool mma, int M) {
+        const mv_args a = { dw, drec, dy, rows, nb, mats, M };
+        if (mma) {
+            mv_mma<<<grid, MK_THREADS, smem>>>(a);
+        } else if (M == 1) {
+            mv_dp4a<1><<<grid, MK_THREADS, smem>>>(a);
+        } else if (M <= 4) {   // (the megakernel's verify code for 2..4 columns, MK_MC_SMALL)
+            mv_dp4a<4><<<grid, MK_THREADS, smem>>>(a);
+        } else {
+            mv_dp4a<8><<<grid, MK_THREADS, smem>>>(a);
+        }
+        CK(cudaGetLastError());
+    };
+
+    // correctness: every column of a sample of rows against a float64 reference, both ways
+    int bad = 0;
+    for (int mode = 0; mode < 2; ++mode) {
+        launch(mode == 1, 8);
+        CK(cudaDeviceSynchronize());
+        std::vector<float> y((size_t) mats*8*rows);
+        CK(cudaMemcpy(y.data(), dy, y.size()*sizeof(float), cudaMemcpyDeviceToHost));
+        double worst = 0.0;
+        for (int s = 0; s < 64; ++s) {
+            const int mat = s % mats, r = (int) ((s*7919L) % rows);
+            for (int m = 0; m < 8; ++m) {
+                double ref = 0.0, mag = 0.0;
+                for (int b = 0; b < nb; ++b) {
+                    const uint8_t * blk = w.data() + ((size_t) mat*rows + r)*rb + (size_t) b*BQ;
+                    uint16_t d;
+                    memcpy(&d, blk, 2);
+                    long si = 0;
+                    for (int j = 0; j < 16; ++j) {
+                        si += (long) ((blk[2 + j] & 15) - 8)*xqv[m][32*b + j] + (long) ((blk[2 + j] >> 4) - 8)*xqv[m][32*b + 16 + j];
+                    }
+                    ref += (double) h2f(d)*xd[m][b]*(double) si;
+                    mag += fabs((double) h2f(d)*xd[m][b]*(double) si);
+                }
+                const double got = y[((size_t) mat*8 + m)*rows + r];
+                worst = std::max(worst, fabs(got - ref)/std::max(mag, 1e-30));
+            }
+        }
+        const bool ok = worst < 1e-5;
+        bad += !ok;
+        printf("check %-4s: every column of 64 rows vs float64, worst |error| / sum|terms| = %.2e %s\n", mode ? "mma" : "dp4a",
+               worst, ok ? "ok" : "FAIL");
+    }
+
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double base[2] = {0.0, 0.0};
+    printf("%3s %12s %8s %8s %12s %8s %8s %9s\n", "M", "dp4a us", "/M=1", "GB/s", "mma us", "/M=1", "GB/s", "mma/dp4a");
+    for (int M = 1; M <= 8; ++M) {
+        std::vector<float> t[2];
+        for (int i = 0; i < 2; ++i) {
+            launch(false, M);
+            launch(true, M);
+        }
+        for (int r = 0; r < reps; ++r) {
+            for (int k = 0; k < 2; ++k) {
+                const bool mma = (k == 0) == (r % 2 == 1);   // AB, BA, ...
+                CK(cudaEventRecord(e0));
+                launch(mma, M);
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                t[mma].push_back(1000.0f*ms);
+            }
+        }
+        double med[2];
+        for (int i = 0; i < 2; ++i) {
+            std::sort(t[i].begin(), t[i].end());
+            med[i] = t[i][t[i].size()/2];
+            if (M == 1) base[i] = med[i];
+        }
+        printf("%3d %12.1f %8.3f %8.0f %12.1f %8.3f %8.0f %9.3f\n", M, med[0], med[0]/base[0], wbytes/med[0]/1e3,
+               med[1], med[1]/base[1], wbytes/med[1]/1e3, med[1]/med[0]);
+    }
+    printf("mv_mma: %s\n", bad ? "FAILED" : "done");
+    return bad ? 1 : 0;
+}
