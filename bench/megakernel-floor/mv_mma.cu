@@ -32,6 +32,11 @@
 #include <string>
 #include <vector>
 
+#ifndef MV_UNROLL
+#define MV_UNROLL 2   // pairs of blocks in flight per warp in the mma way (call H: 2; -DMV_UNROLL=8 for more loads in flight)
+#endif
+static constexpr int mv_unroll = MV_UNROLL;
+
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 static constexpr int BQ = 18;   // bytes of a Q4_0 block
@@ -113,15 +118,15 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
         const unsigned * wr0 = (const unsigned *) (a.w + ((size_t) mat*a.rows + r0 + g)*rb);       // row g
         const unsigned * wr1 = (const unsigned *) (a.w + ((size_t) mat*a.rows + r0 + g + 8)*rb);   // row g + 8
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // (row g, c0), (g, c1), (g + 8, c0), (g + 8, c1)
-#pragma unroll 2
+#pragma unroll mv_unroll
         for (int p = 0; p < a.nb/2; ++p) {
             // pair p: 9 words (d0 | q0[0..1], q0[2..13], q0[14..15] | d1, q1[0..15]); lane t's quant bytes 4t..4t+3 of
-            // block 0 sit 2 bytes into word t, of block 1 in word 5 + t
+            // block 0 sit 2 bytes into word t, of block 1 in word 5 + t (read-only loads, MV_UNROLL pairs in flight)
             const unsigned * p0 = wr0 + 9*p;
             const unsigned * p1 = wr1 + 9*p;
-            const unsigned x00 = p0[0], x04 = p0[4], y00 = p1[0], y04 = p1[4];
-            const unsigned q00 = __funnelshift_r(p0[t], p0[t + 1], 16), q01 = p0[5 + t];
-            const unsigned q10 = __funnelshift_r(p1[t], p1[t + 1], 16), q11 = p1[5 + t];
+            const unsigned x00 = __ldg(p0), x04 = __ldg(p0 + 4), y00 = __ldg(p1), y04 = __ldg(p1 + 4);
+            const unsigned q00 = __funnelshift_r(__ldg(p0 + t), __ldg(p0 + t + 1), 16), q01 = __ldg(p0 + 5 + t);
+            const unsigned q10 = __funnelshift_r(__ldg(p1 + t), __ldg(p1 + t + 1), 16), q11 = __ldg(p1 + 5 + t);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int b = 2*p + h;
