@@ -12,12 +12,15 @@
 //         one 4-byte load per lane and row; B: the records of columns 0..7), then the same float step per row, column
 //         and block as mk_dot_rec (sf = si - 8*sum, fmaf(dw*dx, sf, acc)); each lane keeps rows g, g+8 x columns 2t,
 //         2t+1: no tree
-// The integer sums are exact, so both give each (row, column, block) the same si; only the order the blocks' float
+//   mma-s the same with the 16 rows' blocks staged through shared memory: row-contiguous 16-byte copies, as dp4a's
+//         loads are (the mma way's direct loads touch 16 rows at once and stream at ~1080 / 800 GB/s, call H)
+// The integer sums are exact, so all give each (row, column, block) the same si; only the order the blocks' float
 // terms are added in differs (checked against a float64 reference). Prints, per M = 1..8, the median time of a pass
 // over the matrices (launches in alternating order), its ratio to M = 1 and the GB/s of the weights.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -I$SRC/ggml/src -I$SRC/ggml/include -Imegakernel -Imegakernel/cuda \
 //        bench/megakernel-floor/mv_mma.cu -o mv_mma && ./mv_mma [--rows 10240 --k 2560] [--mats 8] [--reps 15]
+//   (K a multiple of 512: the staged way's steps of 8 block pairs)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -161,6 +164,98 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
     }
 }
 
+// the mma way with the rows' blocks staged through shared memory (mma-s): per step a warp copies CP block pairs of
+// its 16 rows (16 x 288 bytes) with 16-byte loads, each row's segment contiguous across lanes (as dp4a's loads are),
+// into its own area (rows MV_SROW bytes apart: 76 words, so the lanes' (g, t) fragment words hit 32 banks), the next
+// step's loads in registers while the MMAs read this one's
+static constexpr int MV_CP   = 8;                  // block pairs a step
+static constexpr int MV_SEG  = MV_CP*36;           // bytes of a row a step (16-byte aligned: 36*8 = 288)
+static constexpr int MV_SROW = 304;                // a row's stride in the warp's area
+static constexpr int MV_NLD  = 16*MV_SEG/16/32;    // 16-byte loads a lane a step (9)
+
+__global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
+    const uint8_t * xq = mv_stage(a);
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int lane  = threadIdx.x % WARP_SIZE;
+    const int wb    = threadIdx.x / WARP_SIZE;
+    const int g     = lane / 4;
+    const int t     = lane % 4;
+    const int warp  = wb*gridDim.x + blockIdx.x;
+    const int nw    = gridDim.x*MK_WARPS;
+    const size_t rb = (size_t) a.nb*BQ;
+    const size_t cs = (size_t) a.nb*MK_XQ_REC;
+    uint8_t * area  = sm + 8*cs + (size_t) wb*16*MV_SROW;   // (after the records)
+    const int units = a.mats*a.rows/16;
+    const int steps = a.nb/2/MV_CP;
+    const int c0 = 2*t, c1 = 2*t + 1;
+    const uint8_t * xb = xq + (size_t) g*cs;
+    for (int u = warp; u < units; u += nw) {
+        const int mat = u / (a.rows/16);
+        const int r0  = 16*(u % (a.rows/16));
+        const uint8_t * w16 = a.w + ((size_t) mat*a.rows + r0)*rb;   // the 16 rows
+        uint4 ld[MV_NLD];
+        auto fetch = [&](int s) {
+#pragma unroll
+            for (int i = 0; i < MV_NLD; ++i) {
+                const int c = i*WARP_SIZE + lane;   // 16-byte chunk c: row c/18, its chunk c%18
+                ld[i] = __ldg((const uint4 *) (w16 + (size_t) (c/18)*rb + (size_t) s*MV_SEG) + c % 18);
+            }
+        };
+        fetch(0);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < steps; ++s) {
+            __syncwarp();   // (the area's last step read)
+#pragma unroll
+            for (int i = 0; i < MV_NLD; ++i) {
+                const int c = i*WARP_SIZE + lane;
+                *(uint4 *) (area + (c/18)*MV_SROW + 16*(c % 18)) = ld[i];
+            }
+            __syncwarp();
+            if (s + 1 < steps) {
+                fetch(s + 1);
+            }
+            const unsigned * ra = (const unsigned *) (area + g*MV_SROW);
+            const unsigned * rbw = (const unsigned *) (area + (g + 8)*MV_SROW);
+#pragma unroll
+            for (int pp = 0; pp < MV_CP; ++pp) {
+                const unsigned * p0 = ra + 9*pp;
+                const unsigned * p1 = rbw + 9*pp;
+                const unsigned x00 = p0[0], x04 = p0[4], y00 = p1[0], y04 = p1[4];
+                const unsigned q00 = __funnelshift_r(p0[t], p0[t + 1], 16), q01 = p0[5 + t];
+                const unsigned q10 = __funnelshift_r(p1[t], p1[t + 1], 16), q11 = p1[5 + t];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int b = 2*(s*MV_CP + pp) + h;
+                    const uint8_t * rg = xb + (size_t) mk_rec_slot(b)*MK_XQ_REC;
+                    const unsigned b0 = *(const unsigned *) (rg + 4*t);
+                    const unsigned b1 = *(const unsigned *) (rg + 16 + 4*t);
+                    const unsigned qa = h ? q01 : q00, qb = h ? q11 : q10;
+                    const unsigned av[4] = { qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, (qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F };
+                    int c[4];
+                    mv_mma_u8s8(c, av, b0, b1);
+                    const float dwa = mk_f16((uint16_t) (h ? (x04 >> 16) : (x00 & 0xffff)));
+                    const float dwb = mk_f16((uint16_t) (h ? (y04 >> 16) : (y00 & 0xffff)));
+                    const float2 dq0 = *(const float2 *) (xq + (size_t) c0*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32);
+                    const float2 dq1 = *(const float2 *) (xq + (size_t) c1*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32);
+                    acc[0] = fmaf(__fmul_rn(dwa, dq0.x), __fsub_rn((float) c[0], __fmul_rn(8.0f, dq0.y)), acc[0]);
+                    acc[1] = fmaf(__fmul_rn(dwa, dq1.x), __fsub_rn((float) c[1], __fmul_rn(8.0f, dq1.y)), acc[1]);
+                    acc[2] = fmaf(__fmul_rn(dwb, dq0.x), __fsub_rn((float) c[2], __fmul_rn(8.0f, dq0.y)), acc[2]);
+                    acc[3] = fmaf(__fmul_rn(dwb, dq1.x), __fsub_rn((float) c[3], __fmul_rn(8.0f, dq1.y)), acc[3]);
+                }
+            }
+        }
+        float * y = a.y + (size_t) mat*a.M*a.rows + r0;
+        if (c0 < a.M) {
+            y[(size_t) c0*a.rows + g]     = acc[0];
+            y[(size_t) c0*a.rows + g + 8] = acc[2];
+        }
+        if (c1 < a.M) {
+            y[(size_t) c1*a.rows + g]     = acc[1];
+            y[(size_t) c1*a.rows + g + 8] = acc[3];
+        }
+    }
+}
+
 static uint16_t f2h(float f) {
     __half h = __float2half(f);
     return *(uint16_t *) &h;
@@ -179,8 +274,8 @@ int main(int argc, char ** argv) {
         if (o == "--rows") rows = v; else if (o == "--k") K = v; else if (o == "--mats") mats = v; else if (o == "--reps") reps = v;
         else { fprintf(stderr, "unknown option %s\n", o.c_str()); return 2; }
     }
-    if (rows % 16 || K % 64 || !mk_rec_fits(K)) {
-        fprintf(stderr, "rows must be a multiple of 16, K of 64 (records in their own slots)\n");
+    if (rows % 16 || K % (64*MV_CP) || !mk_rec_fits(K)) {
+        fprintf(stderr, "rows must be a multiple of 16, K of %d (records in their own slots)\n", 64*MV_CP);
         return 2;
     }
     const int nb = K/32;
@@ -228,17 +323,21 @@ int main(int argc, char ** argv) {
     CK(cudaMalloc(&dy, (size_t) mats*8*rows*sizeof(float)));
     CK(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(drec, rec.data(), rec.size(), cudaMemcpyHostToDevice));
-    const size_t smem = rec.size();
+    const size_t smem = rec.size(), smem_s = rec.size() + (size_t) MK_WARPS*16*MV_SROW;
     CK(cudaFuncSetAttribute(mv_dp4a<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_dp4a<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_dp4a<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
+    CK(cudaFuncSetAttribute(mv_mma_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_s));
     const int grid = prop.multiProcessorCount;
 
-    auto launch = [&](bool mma, int M) {
+    static const char * const names[3] = { "dp4a", "mma", "mma-s" };
+    auto launch = [&](int mode, int M) {
         const mv_args a = { dw, drec, dy, rows, nb, mats, M };
-        if (mma) {
+        if (mode == 1) {
             mv_mma<<<grid, MK_THREADS, smem>>>(a);
+        } else if (mode == 2) {
+            mv_mma_s<<<grid, MK_THREADS, smem_s>>>(a);
         } else if (M == 1) {
             mv_dp4a<1><<<grid, MK_THREADS, smem>>>(a);
         } else if (M <= 4) {   // (the megakernel's verify code for 2..4 columns, MK_MC_SMALL)
@@ -251,8 +350,8 @@ int main(int argc, char ** argv) {
 
     // correctness: every column of a sample of rows against a float64 reference, both ways
     int bad = 0;
-    for (int mode = 0; mode < 2; ++mode) {
-        launch(mode == 1, 8);
+    for (int mode = 0; mode < 3; ++mode) {
+        launch(mode, 8);
         CK(cudaDeviceSynchronize());
         std::vector<float> y((size_t) mats*8*rows);
         CK(cudaMemcpy(y.data(), dy, y.size()*sizeof(float), cudaMemcpyDeviceToHost));
@@ -278,41 +377,46 @@ int main(int argc, char ** argv) {
         }
         const bool ok = worst < 1e-5;
         bad += !ok;
-        printf("check %-4s: every column of 64 rows vs float64, worst |error| / sum|terms| = %.2e %s\n", mode ? "mma" : "dp4a",
+        printf("check %-5s: every column of 64 rows vs float64, worst |error| / sum|terms| = %.2e %s\n", names[mode],
                worst, ok ? "ok" : "FAIL");
     }
 
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    double base[2] = {0.0, 0.0};
-    printf("%3s %12s %8s %8s %12s %8s %8s %9s\n", "M", "dp4a us", "/M=1", "GB/s", "mma us", "/M=1", "GB/s", "mma/dp4a");
+    double base[3] = {0.0, 0.0, 0.0};
+    printf("%3s %10s %7s %6s %10s %7s %6s %10s %7s %6s\n", "M", "dp4a us", "/M=1", "GB/s", "mma us", "/M=1", "GB/s",
+           "mma-s us", "/M=1", "GB/s");
     for (int M = 1; M <= 8; ++M) {
-        std::vector<float> t[2];
+        std::vector<float> t[3];
         for (int i = 0; i < 2; ++i) {
-            launch(false, M);
-            launch(true, M);
+            for (int k = 0; k < 3; ++k) {
+                launch(k, M);
+            }
         }
         for (int r = 0; r < reps; ++r) {
-            for (int k = 0; k < 2; ++k) {
-                const bool mma = (k == 0) == (r % 2 == 1);   // AB, BA, ...
+            for (int k = 0; k < 3; ++k) {
+                const int mode = r % 2 == 0 ? k : 2 - k;   // ABC, CBA, ...
                 CK(cudaEventRecord(e0));
-                launch(mma, M);
+                launch(mode, M);
                 CK(cudaEventRecord(e1));
                 CK(cudaEventSynchronize(e1));
                 float ms;
                 CK(cudaEventElapsedTime(&ms, e0, e1));
-                t[mma].push_back(1000.0f*ms);
+                t[mode].push_back(1000.0f*ms);
             }
         }
-        double med[2];
-        for (int i = 0; i < 2; ++i) {
+        double med[3];
+        for (int i = 0; i < 3; ++i) {
             std::sort(t[i].begin(), t[i].end());
             med[i] = t[i][t[i].size()/2];
             if (M == 1) base[i] = med[i];
         }
-        printf("%3d %12.1f %8.3f %8.0f %12.1f %8.3f %8.0f %9.3f\n", M, med[0], med[0]/base[0], wbytes/med[0]/1e3,
-               med[1], med[1]/base[1], wbytes/med[1]/1e3, med[1]/med[0]);
+        printf("%3d", M);
+        for (int i = 0; i < 3; ++i) {
+            printf(" %10.1f %7.3f %6.0f", med[i], med[i]/base[i], wbytes/med[i]/1e3);
+        }
+        printf("\n");
     }
     printf("mv_mma: %s\n", bad ? "FAILED" : "done");
     return bad ? 1 : 0;
