@@ -20,7 +20,7 @@
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -I$SRC/ggml/src -I$SRC/ggml/include -Imegakernel -Imegakernel/cuda \
 //        bench/megakernel-floor/mv_mma.cu -o mv_mma && ./mv_mma [--rows 10240 --k 2560] [--mats 8] [--reps 15]
-//   (K a multiple of 512: the staged way's steps of 8 block pairs)
+//   (K/64 a multiple of MV_STEP_PAIRS: the staged way's steps; -DMV_STEP_PAIRS=20 for 720-byte strips)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -168,10 +168,18 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
 // its 16 rows (16 x 288 bytes) with 16-byte loads, each row's segment contiguous across lanes (as dp4a's loads are),
 // into its own area (rows MV_SROW bytes apart: 76 words, so the lanes' (g, t) fragment words hit 32 banks), the next
 // step's loads in registers while the MMAs read this one's
-static constexpr int MV_CP   = 8;                  // block pairs a step
-static constexpr int MV_SEG  = MV_CP*36;           // bytes of a row a step (16-byte aligned: 36*8 = 288)
-static constexpr int MV_SROW = 304;                // a row's stride in the warp's area
-static constexpr int MV_NLD  = 16*MV_SEG/16/32;    // 16-byte loads a lane a step (9)
+#ifndef MV_STEP_PAIRS
+#define MV_STEP_PAIRS 8   // (call J: 8; 20 = 720-byte strips, gate/up's rows in 2 steps)
+#endif
+static constexpr int MV_CP   = MV_STEP_PAIRS;      // block pairs a step
+static constexpr int MV_SEG  = MV_CP*36;           // bytes of a row a step (16-byte aligned: MV_CP a multiple of 4)
+static constexpr int MV_SC   = MV_SEG/16;          // 16-byte chunks of a row a step
+// a row's stride in the warp's area: its words an odd multiple of 4 mod 32 (304 bytes = 76 words for 8 pairs, 720 = 180
+// for 20), so the lanes' (g, t) fragment words fall on 32 banks
+static constexpr int mv_srow(int seg) { return (seg/4) % 8 == 4 ? seg : mv_srow(seg + 16); }
+static constexpr int MV_SROW = mv_srow(MV_SEG);
+static constexpr int MV_NLD  = (16*MV_SC + 31)/32; // 16-byte loads a lane a step (9 for 8 pairs)
+static_assert(MV_CP % 4 == 0, "a step's strip: whole 16-byte chunks");
 
 __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
     const uint8_t * xq = mv_stage(a);
@@ -197,8 +205,8 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
         auto fetch = [&](int s) {
 #pragma unroll
             for (int i = 0; i < MV_NLD; ++i) {
-                const int c = i*WARP_SIZE + lane;   // 16-byte chunk c: row c/18, its chunk c%18
-                ld[i] = __ldg((const uint4 *) (w16 + (size_t) (c/18)*rb + (size_t) s*MV_SEG) + c % 18);
+                const int c = i*WARP_SIZE + lane;   // 16-byte chunk c: row c/MV_SC, its chunk c%MV_SC
+                if (c < 16*MV_SC) ld[i] = __ldg((const uint4 *) (w16 + (size_t) (c/MV_SC)*rb + (size_t) s*MV_SEG) + c % MV_SC);
             }
         };
         fetch(0);
@@ -208,7 +216,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
 #pragma unroll
             for (int i = 0; i < MV_NLD; ++i) {
                 const int c = i*WARP_SIZE + lane;
-                *(uint4 *) (area + (c/18)*MV_SROW + 16*(c % 18)) = ld[i];
+                if (c < 16*MV_SC) *(uint4 *) (area + (c/MV_SC)*MV_SROW + 16*(c % MV_SC)) = ld[i];
             }
             __syncwarp();
             if (s + 1 < steps) {
@@ -274,8 +282,8 @@ int main(int argc, char ** argv) {
         if (o == "--rows") rows = v; else if (o == "--k") K = v; else if (o == "--mats") mats = v; else if (o == "--reps") reps = v;
         else { fprintf(stderr, "unknown option %s\n", o.c_str()); return 2; }
     }
-    if (rows % 16 || K % (64*MV_CP) || !mk_rec_fits(K)) {
-        fprintf(stderr, "rows must be a multiple of 16, K of %d (records in their own slots)\n", 64*MV_CP);
+    if (rows % 16 || K % 64 || (K/64) % MV_CP || !mk_rec_fits(K)) {
+        fprintf(stderr, "rows must be a multiple of 16, K of 64 with K/64 a multiple of %d (the staged way's steps)\n", MV_CP);
         return 2;
     }
     const int nb = K/32;
