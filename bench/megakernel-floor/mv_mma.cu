@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
 // into its own area (rows MV_SROW bytes apart: 76 words, so the lanes' (g, t) fragment words hit 32 banks), the next
 // step's loads in registers while the MMAs read this one's
 #ifndef MV_STEP_PAIRS
-#define MV_STEP_PAIRS 8   // (call J: 8; 20 = 720-byte strips, gate/up's rows in 2 steps)
+#define MV_STEP_PAIRS 8   // (call J: 8; 20 = gate/up rows in 2 steps spills: the next step is held in registers)
 #endif
 static constexpr int MV_CP   = MV_STEP_PAIRS;      // block pairs a step
 static constexpr int MV_SEG  = MV_CP*36;           // bytes of a row a step (16-byte aligned: MV_CP a multiple of 4)
