@@ -13,7 +13,11 @@
 //         and block as mk_dot_rec (sf = si - 8*sum, fmaf(dw*dx, sf, acc)); each lane keeps rows g, g+8 x columns 2t,
 //         2t+1: no tree
 //   mma-s the same with the 16 rows' blocks staged through shared memory: row-contiguous 16-byte copies, as dp4a's
-//         loads are (the mma way's direct loads touch 16 rows at once and stream at ~1080 / 800 GB/s, call H)
+//         loads are (the mma way's direct loads touch 16 rows at once and stream at ~1080 / 800 GB/s, call H), the
+//         next step held in registers (call J)
+//   mma-a the same by cp.async into a ring of 4 areas a warp (steps of 4 block pairs, 3 in flight, no registers)
+// --cols 4 keeps records for 4 columns only (M = 1..4; down's 10240-value rows leave too little shared memory for
+// 8 columns and mma-a's ring)
 // The integer sums are exact, so all give each (row, column, block) the same si; only the order the blocks' float
 // terms are added in differs (checked against a float64 reference). Prints, per M = 1..8, the median time of a pass
 // over the matrices (launches in alternating order), its ratio to M = 1 and the GB/s of the weights.
@@ -49,12 +53,13 @@ struct mv_args {
     const uint8_t * rec;    // [8][KG] records (global; every block copies them to shared memory first)
     float         * y;      // [mats][M][rows]
     int rows, nb, mats, M;
+    int cols;               // columns of records (8, or 4 where 8 of a long row's leave too little shared memory); M <= cols
 };
 
 // every block: the records of the 8 columns into shared memory
 static __device__ uint8_t * mv_stage(const mv_args & a) {
     extern __shared__ __align__(16) uint8_t sm[];
-    const int n16 = 8*a.nb*MK_XQ_REC/16;
+    const int n16 = a.cols*a.nb*MK_XQ_REC/16;
     for (int i = threadIdx.x; i < n16; i += blockDim.x) {
         ((int4 *) sm)[i] = ((const int4 *) a.rec)[i];
     }
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
     const size_t cs = (size_t) a.nb*MK_XQ_REC;
     const int units = a.mats*a.rows/16;
     const int c0 = 2*t, c1 = 2*t + 1;   // this lane's columns of C
-    const uint8_t * xb = xq + (size_t) g*cs;   // column g's records (B)
+    const uint8_t * xb = xq + (size_t) (g % a.cols)*cs;   // column g's records (B; past cols: unused columns)
     for (int u = warp; u < units; u += nw) {
         const int mat = u / (a.rows/16);
         const int r0  = 16*(u % (a.rows/16));
@@ -142,8 +147,8 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
                 mv_mma_u8s8(c, av, b0, b1);
                 const float dwa = mk_f16((uint16_t) (h ? (x04 >> 16) : (x00 & 0xffff)));
                 const float dwb = mk_f16((uint16_t) (h ? (y04 >> 16) : (y00 & 0xffff)));
-                const uint8_t * s0 = xq + (size_t) c0*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32;
-                const uint8_t * s1 = xq + (size_t) c1*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32;
+                const uint8_t * s0 = xq + (size_t) (c0 % a.cols)*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32;
+                const uint8_t * s1 = xq + (size_t) (c1 % a.cols)*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32;
                 const float2 dq0 = *(const float2 *) s0;   // d, sum of q
                 const float2 dq1 = *(const float2 *) s1;
                 acc[0] = fmaf(__fmul_rn(dwa, dq0.x), __fsub_rn((float) c[0], __fmul_rn(8.0f, dq0.y)), acc[0]);
@@ -192,11 +197,11 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
     const int nw    = gridDim.x*MK_WARPS;
     const size_t rb = (size_t) a.nb*BQ;
     const size_t cs = (size_t) a.nb*MK_XQ_REC;
-    uint8_t * area  = sm + 8*cs + (size_t) wb*16*MV_SROW;   // (after the records)
+    uint8_t * area  = sm + a.cols*cs + (size_t) wb*16*MV_SROW;   // (after the records)
     const int units = a.mats*a.rows/16;
     const int steps = a.nb/2/MV_CP;
     const int c0 = 2*t, c1 = 2*t + 1;
-    const uint8_t * xb = xq + (size_t) g*cs;
+    const uint8_t * xb = xq + (size_t) (g % a.cols)*cs;
     for (int u = warp; u < units; u += nw) {
         const int mat = u / (a.rows/16);
         const int r0  = 16*(u % (a.rows/16));
@@ -243,8 +248,8 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
                     mv_mma_u8s8(c, av, b0, b1);
                     const float dwa = mk_f16((uint16_t) (h ? (x04 >> 16) : (x00 & 0xffff)));
                     const float dwb = mk_f16((uint16_t) (h ? (y04 >> 16) : (y00 & 0xffff)));
-                    const float2 dq0 = *(const float2 *) (xq + (size_t) c0*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32);
-                    const float2 dq1 = *(const float2 *) (xq + (size_t) c1*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32);
+                    const float2 dq0 = *(const float2 *) (xq + (size_t) (c0 % a.cols)*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32);
+                    const float2 dq1 = *(const float2 *) (xq + (size_t) (c1 % a.cols)*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32);
                     acc[0] = fmaf(__fmul_rn(dwa, dq0.x), __fsub_rn((float) c[0], __fmul_rn(8.0f, dq0.y)), acc[0]);
                     acc[1] = fmaf(__fmul_rn(dwa, dq1.x), __fsub_rn((float) c[1], __fmul_rn(8.0f, dq1.y)), acc[1]);
                     acc[2] = fmaf(__fmul_rn(dwb, dq0.x), __fsub_rn((float) c[2], __fmul_rn(8.0f, dq0.y)), acc[2]);
@@ -252,6 +257,108 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
                 }
             }
         }
+        float * y = a.y + (size_t) mat*a.M*a.rows + r0;
+        if (c0 < a.M) {
+            y[(size_t) c0*a.rows + g]     = acc[0];
+            y[(size_t) c0*a.rows + g + 8] = acc[2];
+        }
+        if (c1 < a.M) {
+            y[(size_t) c1*a.rows + g]     = acc[1];
+            y[(size_t) c1*a.rows + g + 8] = acc[3];
+        }
+    }
+}
+
+// the mma way with the rows' strips copied by cp.async into a ring of MV_RING areas per warp (mma-a): steps of
+// MV_AP block pairs (16 rows x 144 bytes), MV_RING - 1 steps in flight, no registers held for them
+static constexpr int NMODE    = 4;   // dp4a, mma, mma-s, mma-a
+static constexpr int MV_AP    = 4;
+static constexpr int MV_ASEG  = MV_AP*36;          // 144 bytes of a row a step
+static constexpr int MV_ASC   = MV_ASEG/16;        // 9 chunks
+static constexpr int MV_AROW  = mv_srow(MV_ASEG);  // 144 (36 words: 4 mod 8)
+static constexpr int MV_RING  = 4;
+static constexpr int MV_AAREA = 16*MV_AROW;
+
+static __device__ __forceinline__ void mv_cp16(void * dst, const void * src) {
+    const unsigned d = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void mv_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void mv_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+__global__ void __launch_bounds__(MK_THREADS) mv_mma_a(const mv_args a) {
+    const uint8_t * xq = mv_stage(a);
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int lane  = threadIdx.x % WARP_SIZE;
+    const int wb    = threadIdx.x / WARP_SIZE;
+    const int g     = lane / 4;
+    const int t     = lane % 4;
+    const int warp  = wb*gridDim.x + blockIdx.x;
+    const int nw    = gridDim.x*MK_WARPS;
+    const size_t rb = (size_t) a.nb*BQ;
+    const size_t cs = (size_t) a.nb*MK_XQ_REC;
+    uint8_t * ring  = sm + a.cols*cs + (size_t) wb*MV_RING*MV_AAREA;
+    const int units = a.mats*a.rows/16;
+    const int steps = a.nb/2/MV_AP;
+    const int c0 = 2*t, c1 = 2*t + 1;
+    const uint8_t * xb = xq + (size_t) (g % a.cols)*cs;
+    for (int u = warp; u < units; u += nw) {
+        const int mat = u / (a.rows/16);
+        const int r0  = 16*(u % (a.rows/16));
+        const uint8_t * w16 = a.w + ((size_t) mat*a.rows + r0)*rb;
+        // step s's 16 x 9 chunks into area s % MV_RING (a group committed for every step, empty past the last)
+        auto issue = [&](int s) {
+            if (s < steps) {
+                uint8_t * area = ring + (s % MV_RING)*MV_AAREA;
+                for (int c = lane; c < 16*MV_ASC; c += WARP_SIZE) {
+                    mv_cp16(area + (c/MV_ASC)*MV_AROW + 16*(c % MV_ASC),
+                            w16 + (size_t) (c/MV_ASC)*rb + (size_t) s*MV_ASEG + 16*(c % MV_ASC));
+                }
+            }
+            mv_cp_commit();
+        };
+        for (int s = 0; s < MV_RING - 1; ++s) {
+            issue(s);
+        }
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < steps; ++s) {
+            mv_cp_wait<MV_RING - 2>();   // step s landed (this lane's copies)
+            __syncwarp();                // (every lane's; and every lane done with step s - 1's area)
+            issue(s + MV_RING - 1);
+            const uint8_t * area = ring + (s % MV_RING)*MV_AAREA;
+            const unsigned * ra  = (const unsigned *) (area + g*MV_AROW);
+            const unsigned * rbw = (const unsigned *) (area + (g + 8)*MV_AROW);
+#pragma unroll
+            for (int pp = 0; pp < MV_AP; ++pp) {
+                const unsigned * p0 = ra + 9*pp;
+                const unsigned * p1 = rbw + 9*pp;
+                const unsigned x00 = p0[0], x04 = p0[4], y00 = p1[0], y04 = p1[4];
+                const unsigned q00 = __funnelshift_r(p0[t], p0[t + 1], 16), q01 = p0[5 + t];
+                const unsigned q10 = __funnelshift_r(p1[t], p1[t + 1], 16), q11 = p1[5 + t];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int b = 2*(s*MV_AP + pp) + h;
+                    const uint8_t * rg = xb + (size_t) mk_rec_slot(b)*MK_XQ_REC;
+                    const unsigned b0 = *(const unsigned *) (rg + 4*t);
+                    const unsigned b1 = *(const unsigned *) (rg + 16 + 4*t);
+                    const unsigned qa = h ? q01 : q00, qb = h ? q11 : q10;
+                    const unsigned av[4] = { qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, (qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F };
+                    int c[4];
+                    mv_mma_u8s8(c, av, b0, b1);
+                    const float dwa = mk_f16((uint16_t) (h ? (x04 >> 16) : (x00 & 0xffff)));
+                    const float dwb = mk_f16((uint16_t) (h ? (y04 >> 16) : (y00 & 0xffff)));
+                    const float2 dq0 = *(const float2 *) (xq + (size_t) (c0 % a.cols)*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32);
+                    const float2 dq1 = *(const float2 *) (xq + (size_t) (c1 % a.cols)*cs + (size_t) mk_rec_slot(b)*MK_XQ_REC + 32);
+                    acc[0] = fmaf(__fmul_rn(dwa, dq0.x), __fsub_rn((float) c[0], __fmul_rn(8.0f, dq0.y)), acc[0]);
+                    acc[1] = fmaf(__fmul_rn(dwa, dq1.x), __fsub_rn((float) c[1], __fmul_rn(8.0f, dq1.y)), acc[1]);
+                    acc[2] = fmaf(__fmul_rn(dwb, dq0.x), __fsub_rn((float) c[2], __fmul_rn(8.0f, dq0.y)), acc[2]);
+                    acc[3] = fmaf(__fmul_rn(dwb, dq1.x), __fsub_rn((float) c[3], __fmul_rn(8.0f, dq1.y)), acc[3]);
+                }
+            }
+        }
+        mv_cp_wait<0>();
+        __syncwarp();   // (the ring is refilled by the next unit)
         float * y = a.y + (size_t) mat*a.M*a.rows + r0;
         if (c0 < a.M) {
             y[(size_t) c0*a.rows + g]     = acc[0];
@@ -275,14 +382,14 @@ static float h2f(uint16_t u) {
 }
 
 int main(int argc, char ** argv) {
-    int rows = 10240, K = 2560, mats = 8, reps = 15;
+    int rows = 10240, K = 2560, mats = 8, reps = 15, cols = 8;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string o = argv[i];
         const int v = atoi(argv[i + 1]);
-        if (o == "--rows") rows = v; else if (o == "--k") K = v; else if (o == "--mats") mats = v; else if (o == "--reps") reps = v;
+        if (o == "--rows") rows = v; else if (o == "--k") K = v; else if (o == "--mats") mats = v; else if (o == "--reps") reps = v; else if (o == "--cols") cols = v;
         else { fprintf(stderr, "unknown option %s\n", o.c_str()); return 2; }
     }
-    if (rows % 16 || K % 64 || (K/64) % MV_CP || !mk_rec_fits(K)) {
+    if (rows % 16 || K % 64 || (K/64) % MV_CP || (K/64) % MV_AP || !mk_rec_fits(K) || cols < 1 || cols > 8) {
         fprintf(stderr, "rows must be a multiple of 16, K of 64 with K/64 a multiple of %d (the staged way's steps)\n", MV_CP);
         return 2;
     }
@@ -305,10 +412,10 @@ int main(int argc, char ** argv) {
             for (int j = 0; j < 16; ++j) blk[2 + j] = (uint8_t) rnd();
         }
     }
-    std::vector<uint8_t> rec((size_t) 8*nb*MK_XQ_REC, 0);
-    std::vector<std::vector<int8_t>> xqv(8, std::vector<int8_t>((size_t) K));
-    std::vector<std::vector<float>>  xd(8, std::vector<float>(nb));
-    for (int m = 0; m < 8; ++m) {
+    std::vector<uint8_t> rec((size_t) cols*nb*MK_XQ_REC, 0);
+    std::vector<std::vector<int8_t>> xqv(cols, std::vector<int8_t>((size_t) K));
+    std::vector<std::vector<float>>  xd(cols, std::vector<float>(nb));
+    for (int m = 0; m < cols; ++m) {
         for (int b = 0; b < nb; ++b) {
             uint8_t * rp = rec.data() + ((size_t) m*nb + mk_rec_slot(b))*MK_XQ_REC;
             int s = 0;
@@ -328,24 +435,28 @@ int main(int argc, char ** argv) {
     float * dy;
     CK(cudaMalloc(&dw, wbytes));
     CK(cudaMalloc(&drec, rec.size()));
-    CK(cudaMalloc(&dy, (size_t) mats*8*rows*sizeof(float)));
+    CK(cudaMalloc(&dy, (size_t) mats*cols*rows*sizeof(float)));
     CK(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(drec, rec.data(), rec.size(), cudaMemcpyHostToDevice));
     const size_t smem = rec.size(), smem_s = rec.size() + (size_t) MK_WARPS*16*MV_SROW;
+    const size_t smem_a = rec.size() + (size_t) MK_WARPS*MV_RING*MV_AAREA;
     CK(cudaFuncSetAttribute(mv_dp4a<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_dp4a<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_dp4a<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_mma_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_s));
+    CK(cudaFuncSetAttribute(mv_mma_a, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
     const int grid = prop.multiProcessorCount;
 
-    static const char * const names[3] = { "dp4a", "mma", "mma-s" };
+    static const char * const names[NMODE] = { "dp4a", "mma", "mma-s", "mma-a" };
     auto launch = [&](int mode, int M) {
-        const mv_args a = { dw, drec, dy, rows, nb, mats, M };
+        const mv_args a = { dw, drec, dy, rows, nb, mats, M, cols };
         if (mode == 1) {
             mv_mma<<<grid, MK_THREADS, smem>>>(a);
         } else if (mode == 2) {
             mv_mma_s<<<grid, MK_THREADS, smem_s>>>(a);
+        } else if (mode == 3) {
+            mv_mma_a<<<grid, MK_THREADS, smem_a>>>(a);
         } else if (M == 1) {
             mv_dp4a<1><<<grid, MK_THREADS, smem>>>(a);
         } else if (M <= 4) {   // (the megakernel's verify code for 2..4 columns, MK_MC_SMALL)
@@ -358,15 +469,15 @@ int main(int argc, char ** argv) {
 
     // correctness: every column of a sample of rows against a float64 reference, both ways
     int bad = 0;
-    for (int mode = 0; mode < 3; ++mode) {
-        launch(mode, 8);
+    for (int mode = 0; mode < NMODE; ++mode) {
+        launch(mode, cols);
         CK(cudaDeviceSynchronize());
-        std::vector<float> y((size_t) mats*8*rows);
+        std::vector<float> y((size_t) mats*cols*rows);
         CK(cudaMemcpy(y.data(), dy, y.size()*sizeof(float), cudaMemcpyDeviceToHost));
         double worst = 0.0;
         for (int s = 0; s < 64; ++s) {
             const int mat = s % mats, r = (int) ((s*7919L) % rows);
-            for (int m = 0; m < 8; ++m) {
+            for (int m = 0; m < cols; ++m) {
                 double ref = 0.0, mag = 0.0;
                 for (int b = 0; b < nb; ++b) {
                     const uint8_t * blk = w.data() + ((size_t) mat*rows + r)*rb + (size_t) b*BQ;
@@ -379,7 +490,7 @@ int main(int argc, char ** argv) {
                     ref += (double) h2f(d)*xd[m][b]*(double) si;
                     mag += fabs((double) h2f(d)*xd[m][b]*(double) si);
                 }
-                const double got = y[((size_t) mat*8 + m)*rows + r];
+                const double got = y[((size_t) mat*cols + m)*rows + r];
                 worst = std::max(worst, fabs(got - ref)/std::max(mag, 1e-30));
             }
         }
@@ -392,19 +503,22 @@ int main(int argc, char ** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    double base[3] = {0.0, 0.0, 0.0};
-    printf("%3s %10s %7s %6s %10s %7s %6s %10s %7s %6s\n", "M", "dp4a us", "/M=1", "GB/s", "mma us", "/M=1", "GB/s",
-           "mma-s us", "/M=1", "GB/s");
-    for (int M = 1; M <= 8; ++M) {
-        std::vector<float> t[3];
+    double base[NMODE] = {};
+    printf("%3s", "M");
+    for (int i = 0; i < NMODE; ++i) {
+        printf(" %7s us %6s %6s", names[i], "/M=1", "GB/s");
+    }
+    printf("\n");
+    for (int M = 1; M <= cols; ++M) {
+        std::vector<float> t[NMODE];
         for (int i = 0; i < 2; ++i) {
-            for (int k = 0; k < 3; ++k) {
+            for (int k = 0; k < NMODE; ++k) {
                 launch(k, M);
             }
         }
         for (int r = 0; r < reps; ++r) {
-            for (int k = 0; k < 3; ++k) {
-                const int mode = r % 2 == 0 ? k : 2 - k;   // ABC, CBA, ...
+            for (int k = 0; k < NMODE; ++k) {
+                const int mode = r % 2 == 0 ? k : NMODE - 1 - k;   // ABCD, DCBA, ...
                 CK(cudaEventRecord(e0));
                 launch(mode, M);
                 CK(cudaEventRecord(e1));
@@ -414,15 +528,12 @@ int main(int argc, char ** argv) {
                 t[mode].push_back(1000.0f*ms);
             }
         }
-        double med[3];
-        for (int i = 0; i < 3; ++i) {
-            std::sort(t[i].begin(), t[i].end());
-            med[i] = t[i][t[i].size()/2];
-            if (M == 1) base[i] = med[i];
-        }
         printf("%3d", M);
-        for (int i = 0; i < 3; ++i) {
-            printf(" %10.1f %7.3f %6.0f", med[i], med[i]/base[i], wbytes/med[i]/1e3);
+        for (int i = 0; i < NMODE; ++i) {
+            std::sort(t[i].begin(), t[i].end());
+            const double med = t[i][t[i].size()/2];
+            if (M == 1) base[i] = med;
+            printf(" %10.1f %6.3f %6.0f", med, med/base[i], wbytes/med/1e3);
         }
         printf("\n");
     }
