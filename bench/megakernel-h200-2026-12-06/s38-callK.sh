@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 38, call K (cold, no llama.cpp build): mv_mma.cu with its fourth way, mma-a (the 16 rows' strips by cp.async
+# Session 38, call K (NOT RUN in session 38: no device time was left; the next session runs it first) (cold, no llama.cpp build): mv_mma.cu with its fourth way, mma-a (the 16 rows' strips by cp.async
 # into a ring of 4 areas a warp, 3 steps in flight; call J's mma-s held the next step in registers: 1358 / 1224 GB/s
 # against dp4a's 2231 / 2333), gate/up's shape with 8 columns, down's with 4 (--cols 4: shared memory):
 #   run(command="bash bench/megakernel-h200-2026-12-06/s38-callK.sh", carry=[".dev/cuda"], timeout_s=180)
