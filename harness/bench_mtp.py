@@ -140,28 +140,26 @@ def last_line(log: str, marker: str) -> str:
 
 
 # the megakernel's timeline (llama-mk.h) as the server's time a step: each interval between two points (a pair "A1 ..
-# B1") goes to one part of a step, by its points
-STEP_PARTS = ("launch", "set-up", "after", "draft", "server")
+# B1") goes to the part whose (from, to) points hold A and B: launch = the megakernel's launch to its end (upload, kernel,
+# results), set-up = llama_context::decode's start to the launch (batch, cache cells, masks, embedding rows), after = the
+# launch's end to decode's return (the backend samplers' graph, when on), draft = a fused draft from its start to its
+# end, server = decode's or a draft's end to the next decode or draft (the server's own work: host sampling,
+# bookkeeping, the reply). The point names are llama-mk.cpp's and patch 0050's llama_mk_tl_mark literals (a test
+# checks they are the same set)
+STEP_PARTS = {
+    "launch": (("step.launch>",), ("step<",)),
+    "set-up": (("decode>", "step>", "step.rows>"), ("step>", "step.rows>", "step.launch>")),
+    "after":  (("step<", "sampling>", "sampling<"), ("sampling>", "sampling<", "decode<")),
+    "draft":  (("draft>", "draft.launch>"), ("draft.launch>", "draft<")),
+    "server": (("decode<", "draft<"), ("decode>", "draft>")),
+}
+# one interval of llama-mk.cpp's timeline line: "; %s: %lld x %d us median, %.1f mean", %s being "A1 .. B1"
 _TL_PAIR = re.compile(r"(\S+?)(-?\d+) \.\. (\S+?)(-?\d+): (\d+) x (\d+) us median, ([\d.]+) mean")
 
 
 def step_part(a: str, b: str) -> str:
-    """The part of a server's step an interval from point a to point b is (STEP_PARTS; "" for none of them):
-    launch = the megakernel's launch to its end (upload, kernel, results), set-up = llama_context::decode's start to the
-    launch (batch, cache cells, masks, embedding rows), after = the launch's end to decode's return (the backend
-    samplers' graph, when on), draft = a fused draft from its start to its end, server = decode's or a draft's end to
-    the next decode or draft (the server's own work: host sampling, bookkeeping, the reply)."""
-    if a == "step.launch>" and b == "step<":
-        return "launch"
-    if a in ("decode>", "step>", "step.rows>") and b in ("step>", "step.rows>", "step.launch>"):
-        return "set-up"
-    if a in ("step<", "sampling>", "sampling<") and b in ("sampling>", "sampling<", "decode<"):
-        return "after"
-    if a in ("draft>", "draft.launch>") and b in ("draft.launch>", "draft<"):
-        return "draft"
-    if a in ("decode<", "draft<") and b in ("decode>", "draft>"):
-        return "server"
-    return ""
+    """The part of a server's step (STEP_PARTS) an interval from point a to point b is; "" for none of them."""
+    return next((part for part, (src, dst) in STEP_PARTS.items() if a in src and b in dst), "")
 
 
 def step_split(timeline: str, steady: float = 0.1) -> dict | None:

@@ -286,3 +286,19 @@ def test_bench_mtp_greedy_alone_needs_no_assistant(monkeypatch, tmp_path, capsys
         with pytest.raises(SystemExit):
             bench_mtp.main(["--bin", str(tmp_path), "--target", str(tmp_path / "t.gguf"), *bad])
         assert msg in capsys.readouterr().err, bad
+
+
+def test_step_parts_name_the_points_the_timeline_marks():
+    # bench_mtp's table of step parts holds the point names a second time: they must be the llama_mk_tl_mark literals
+    # of llama-mk.cpp and the patches, all of them, and its pattern must read the line llama-mk.cpp's format makes
+    import re
+    src = [config.MEGAKERNEL_DIR / "llama-mk.cpp", config.MEGAKERNEL_DIR / "llama-mk.h", *sorted(config.PATCHES_DIR.glob("*.patch"))]
+    text = "".join(p.read_text(errors="replace") for p in src)
+    marked = set(re.findall(r'llama_mk_tl_mark\("([^"]+)"', text))
+    named = {pt for src_pts, dst_pts in bench_mtp.STEP_PARTS.values() for pt in (*src_pts, *dst_pts)}
+    assert marked and named == marked, (sorted(named - marked), sorted(marked - named))
+    fmt = re.search(r'"(; %s: %lld x %d us median, %\.1f mean)"', (config.MEGAKERNEL_DIR / "llama-mk.cpp").read_text())
+    assert fmt, "llama-mk.cpp's timeline format changed: harness/bench_mtp.py's _TL_PAIR reads it"
+    line = "llama_mk timeline: 9 points" + fmt[1].replace("%lld", "%d") % ("step.launch>3 .. step<3", 12, 6500, 6512.25)
+    sp = bench_mtp.step_split(line)
+    assert sp is not None and sp["steps"] == 12 and sp["us"]["launch"] == 6500.0

@@ -67,32 +67,42 @@ static __device__ uint8_t * mv_stage(const mv_args & a) {
     return sm;
 }
 
+// a warp's place in the grid and the sizes every way shares: warps dealt SM-first (as the megakernel deals its units),
+// a unit being R consecutive rows of one matrix
+struct mv_warp {
+    int    lane, wb, warp, nw;
+    size_t rb, cs;   // bytes of a weight row, of a column's records
+    __device__ explicit mv_warp(const mv_args & a)
+        : lane(threadIdx.x % WARP_SIZE), wb(threadIdx.x / WARP_SIZE), warp(wb*gridDim.x + blockIdx.x),
+          nw(gridDim.x*MK_WARPS), rb((size_t) a.nb*BQ), cs((size_t) a.nb*MK_XQ_REC) {}
+    // unit u of R rows: its matrix, its first row, and that row's weights
+    __device__ const uint8_t * unit(const mv_args & a, int u, int R, int & mat, int & r0) const {
+        mat = u / (a.rows/R);
+        r0  = R*(u % (a.rows/R));
+        return a.w + ((size_t) mat*a.rows + r0)*rb;
+    }
+};
+
 template <int MC>
 __global__ void __launch_bounds__(MK_THREADS) mv_dp4a(const mv_args a) {
     const uint8_t * xq = mv_stage(a);
-    const int lane  = threadIdx.x % WARP_SIZE;
-    const int warp  = (threadIdx.x / WARP_SIZE)*gridDim.x + blockIdx.x;   // SM-first, as the megakernel deals units
-    const int nw    = gridDim.x*MK_WARPS;
-    const size_t rb = (size_t) a.nb*BQ;
-    const size_t cs = (size_t) a.nb*MK_XQ_REC;
-    const int units = a.mats*a.rows/2;
-    for (int u = warp; u < units; u += nw) {
-        const int mat = u / (a.rows/2);
-        const int r0  = 2*(u % (a.rows/2));
-        const uint8_t * w0 = a.w + ((size_t) mat*a.rows + r0)*rb;
+    const mv_warp w(a);
+    for (int u = w.warp; u < a.mats*a.rows/2; u += w.nw) {
+        int mat, r0;
+        const uint8_t * w0 = w.unit(a, u, 2, mat, r0);
         float acc0[MC], acc1[MC];
 #pragma unroll
         for (int m = 0; m < MC; ++m) {
             acc0[m] = 0.0f;
             acc1[m] = 0.0f;
         }
-        mk_pairs<true, true, MC>(w0, w0 + rb, a.nb, xq, 0, a.M, cs, acc0, acc1, false);
+        mk_pairs<true, true, MC>(w0, w0 + w.rb, a.nb, xq, 0, a.M, w.cs, acc0, acc1, false);
 #pragma unroll
         for (int m = 0; m < MC; ++m) {
             if (m < a.M) {
                 const float s0 = mk_warp_sum(acc0[m]);
                 const float s1 = mk_warp_sum(acc1[m]);
-                if (lane == 0) {
+                if (w.lane == 0) {
                     a.y[((size_t) mat*a.M + m)*a.rows + r0]     = s0;
                     a.y[((size_t) mat*a.M + m)*a.rows + r0 + 1] = s1;
                 }
@@ -168,22 +178,17 @@ static __device__ __forceinline__ void mv_mma_store(const mv_args & a, int mat, 
 
 __global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
     const uint8_t * xq = mv_stage(a);
-    const int lane  = threadIdx.x % WARP_SIZE;
-    const int g     = lane / 4;   // mma's groupID: rows g, g + 8 of A and C (mv_mma_pair)
-    const int warp  = (threadIdx.x / WARP_SIZE)*gridDim.x + blockIdx.x;
-    const int nw    = gridDim.x*MK_WARPS;
-    const size_t rb = (size_t) a.nb*BQ;
-    const size_t cs = (size_t) a.nb*MK_XQ_REC;
-    const int units = a.mats*a.rows/16;
-    for (int u = warp; u < units; u += nw) {
-        const int mat = u / (a.rows/16);
-        const int r0  = 16*(u % (a.rows/16));
-        const unsigned * wr0 = (const unsigned *) (a.w + ((size_t) mat*a.rows + r0 + g)*rb);       // row g
-        const unsigned * wr1 = (const unsigned *) (a.w + ((size_t) mat*a.rows + r0 + g + 8)*rb);   // row g + 8
+    const mv_warp w(a);
+    const int g = w.lane / 4;   // mma's groupID: rows g, g + 8 of A and C (mv_mma_pair)
+    for (int u = w.warp; u < a.mats*a.rows/16; u += w.nw) {
+        int mat, r0;
+        const uint8_t * w16 = w.unit(a, u, 16, mat, r0);
+        const unsigned * wr0 = (const unsigned *) (w16 + g*w.rb);         // row g
+        const unsigned * wr1 = (const unsigned *) (w16 + (g + 8)*w.rb);   // row g + 8
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // (row g, c0), (g, c1), (g + 8, c0), (g + 8, c1)
 #pragma unroll mv_unroll
         for (int p = 0; p < a.nb/2; ++p) {   // (MV_UNROLL pairs' read-only loads in flight)
-            mv_mma_pair<true>(wr0 + 9*p, wr1 + 9*p, p, xq, cs, a.cols, acc);
+            mv_mma_pair<true>(wr0 + 9*p, wr1 + 9*p, p, xq, w.cs, a.cols, acc);
         }
         mv_mma_store(a, mat, r0, acc);
     }
@@ -209,26 +214,19 @@ static_assert(MV_CP % 4 == 0, "a step's strip: whole 16-byte chunks");
 __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
     const uint8_t * xq = mv_stage(a);
     extern __shared__ __align__(16) uint8_t sm[];
-    const int lane  = threadIdx.x % WARP_SIZE;
-    const int wb    = threadIdx.x / WARP_SIZE;
-    const int g     = lane / 4;
-    const int warp  = wb*gridDim.x + blockIdx.x;
-    const int nw    = gridDim.x*MK_WARPS;
-    const size_t rb = (size_t) a.nb*BQ;
-    const size_t cs = (size_t) a.nb*MK_XQ_REC;
-    uint8_t * area  = sm + a.cols*cs + (size_t) wb*16*MV_SROW;   // (after the records)
-    const int units = a.mats*a.rows/16;
+    const mv_warp w(a);
+    const int g = w.lane / 4;
+    uint8_t * area  = sm + a.cols*w.cs + (size_t) w.wb*16*MV_SROW;   // (after the records)
     const int steps = a.nb/2/MV_CP;
-    for (int u = warp; u < units; u += nw) {
-        const int mat = u / (a.rows/16);
-        const int r0  = 16*(u % (a.rows/16));
-        const uint8_t * w16 = a.w + ((size_t) mat*a.rows + r0)*rb;   // the 16 rows
+    for (int u = w.warp; u < a.mats*a.rows/16; u += w.nw) {
+        int mat, r0;
+        const uint8_t * w16 = w.unit(a, u, 16, mat, r0);   // the 16 rows
         uint4 ld[MV_NLD];
         auto fetch = [&](int s) {
 #pragma unroll
             for (int i = 0; i < MV_NLD; ++i) {
-                const int c = i*WARP_SIZE + lane;   // 16-byte chunk c: row c/MV_SC, its chunk c%MV_SC
-                if (c < 16*MV_SC) ld[i] = __ldg((const uint4 *) (w16 + (size_t) (c/MV_SC)*rb + (size_t) s*MV_SEG) + c % MV_SC);
+                const int c = i*WARP_SIZE + w.lane;   // 16-byte chunk c: row c/MV_SC, its chunk c%MV_SC
+                if (c < 16*MV_SC) ld[i] = __ldg((const uint4 *) (w16 + (size_t) (c/MV_SC)*w.rb + (size_t) s*MV_SEG) + c % MV_SC);
             }
         };
         fetch(0);
@@ -237,7 +235,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
             __syncwarp();   // (the area's last step read)
 #pragma unroll
             for (int i = 0; i < MV_NLD; ++i) {
-                const int c = i*WARP_SIZE + lane;
+                const int c = i*WARP_SIZE + w.lane;
                 if (c < 16*MV_SC) *(uint4 *) (area + (c/MV_SC)*MV_SROW + 16*(c % MV_SC)) = ld[i];
             }
             __syncwarp();
@@ -248,7 +246,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
             const unsigned * rbw = (const unsigned *) (area + (g + 8)*MV_SROW);
 #pragma unroll
             for (int pp = 0; pp < MV_CP; ++pp) {
-                mv_mma_pair<false>(ra + 9*pp, rbw + 9*pp, s*MV_CP + pp, xq, cs, a.cols, acc);
+                mv_mma_pair<false>(ra + 9*pp, rbw + 9*pp, s*MV_CP + pp, xq, w.cs, a.cols, acc);
             }
         }
         mv_mma_store(a, mat, r0, acc);
@@ -276,27 +274,20 @@ static __device__ __forceinline__ void mv_cp_wait() { asm volatile("cp.async.wai
 __global__ void __launch_bounds__(MK_THREADS) mv_mma_a(const mv_args a) {
     const uint8_t * xq = mv_stage(a);
     extern __shared__ __align__(16) uint8_t sm[];
-    const int lane  = threadIdx.x % WARP_SIZE;
-    const int wb    = threadIdx.x / WARP_SIZE;
-    const int g     = lane / 4;
-    const int warp  = wb*gridDim.x + blockIdx.x;
-    const int nw    = gridDim.x*MK_WARPS;
-    const size_t rb = (size_t) a.nb*BQ;
-    const size_t cs = (size_t) a.nb*MK_XQ_REC;
-    uint8_t * ring  = sm + a.cols*cs + (size_t) wb*MV_RING*MV_AAREA;
-    const int units = a.mats*a.rows/16;
+    const mv_warp w(a);
+    const int g = w.lane / 4;
+    uint8_t * ring  = sm + a.cols*w.cs + (size_t) w.wb*MV_RING*MV_AAREA;
     const int steps = a.nb/2/MV_AP;
-    for (int u = warp; u < units; u += nw) {
-        const int mat = u / (a.rows/16);
-        const int r0  = 16*(u % (a.rows/16));
-        const uint8_t * w16 = a.w + ((size_t) mat*a.rows + r0)*rb;
+    for (int u = w.warp; u < a.mats*a.rows/16; u += w.nw) {
+        int mat, r0;
+        const uint8_t * w16 = w.unit(a, u, 16, mat, r0);
         // step s's 16 x 9 chunks into area s % MV_RING (a group committed for every step, empty past the last)
         auto issue = [&](int s) {
             if (s < steps) {
                 uint8_t * area = ring + (s % MV_RING)*MV_AAREA;
-                for (int c = lane; c < 16*MV_ASC; c += WARP_SIZE) {
+                for (int c = w.lane; c < 16*MV_ASC; c += WARP_SIZE) {
                     mv_cp16(area + (c/MV_ASC)*MV_AROW + 16*(c % MV_ASC),
-                            w16 + (size_t) (c/MV_ASC)*rb + (size_t) s*MV_ASEG + 16*(c % MV_ASC));
+                            w16 + (size_t) (c/MV_ASC)*w.rb + (size_t) s*MV_ASEG + 16*(c % MV_ASC));
                 }
             }
             mv_cp_commit();
@@ -314,7 +305,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_a(const mv_args a) {
             const unsigned * rbw = (const unsigned *) (area + (g + 8)*MV_AROW);
 #pragma unroll
             for (int pp = 0; pp < MV_AP; ++pp) {
-                mv_mma_pair<false>(ra + 9*pp, rbw + 9*pp, s*MV_AP + pp, xq, cs, a.cols, acc);
+                mv_mma_pair<false>(ra + 9*pp, rbw + 9*pp, s*MV_AP + pp, xq, w.cs, a.cols, acc);
             }
         }
         mv_cp_wait<0>();
@@ -335,6 +326,10 @@ static float h2f(uint16_t u) {
 
 int main(int argc, char ** argv) {
     int rows = 10240, K = 2560, mats = 8, reps = 15, cols = 8;
+    if (argc % 2 == 0) {
+        fprintf(stderr, "%s: every option takes a value (--rows N --k N --mats N --reps N --cols N)\n", argv[argc - 1]);
+        return 2;
+    }
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string o = argv[i];
         const int v = atoi(argv[i + 1]);
