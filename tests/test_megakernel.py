@@ -595,6 +595,24 @@ def test_cuda_mat_vec_code_from_nvcc_reads_stages_with_shared_loads(cpu_build):
     assert not generic, f"generic loads in the mat-vec code where shared loads should read the weight stages: {generic}"
 
 
+FLOOR = config.REPO_ROOT / "bench" / "megakernel-floor"
+
+
+@pytest.mark.parametrize("source", ["floor.cu", "mv_mma.cu"])
+def test_bench_cuda_sources_compile_with_nvcc(cpu_build, source):
+    """the device benches beside the kernel (floor.cu: its floor; mv_mma.cu: the int8 MMA lever, whose mma-x way sums
+    in mk_pairs' order) include mk-kernel.cuh and call its functions (mk_pairs, mk_rec_slot, the staging): a change to
+    the kernel must not leave them uncompilable until the next device session finds out (~40 s each with nvcc)"""
+    src = source_tree(cpu_build)
+    res = cuda_toolkit.compile_check(FLOOR / source, [src / "ggml" / "src", src / "ggml" / "include", MK, MK / "cuda"],
+                                     nvcc=True)
+    assert res["ok"], f"{res['cmd']}\n{res['log'][-6000:]}"
+    kernels = {cuda_toolkit.short_name(k) for k in cuda_toolkit.sass_report(res["cubin"])}
+    want = {"floor.cu": ["floor_"], "mv_mma.cu": ["mv_dp4a", "mv_mma_s", "mv_mma_ring"]}[source]
+    missing = [w for w in want if not any(w in k for k in kernels)]
+    assert not missing, f"{source}: kernels {missing} not in its SASS ({sorted(kernels)[:20]})"
+
+
 def _build_test_mk(tmp_path: Path, build: Path) -> Path:
     src = source_tree(build)
     exe = tmp_path / "test-mk"

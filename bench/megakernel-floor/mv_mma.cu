@@ -4,22 +4,26 @@
 // H100): each extra column costs the mat-vecs a record load and 8 dp4a per 32 weights, about what decoding the block
 // costs, so they are issue-bound. mma.m16n8k32 (u8 x s8 -> s32) takes 16 rows x one 32-value block x 8 columns per
 // instruction. This program streams Q4_0 matrices (GGUF layout, the E4B widths) against M columns of 8-bit records
-// in shared memory (the megakernel's 48-byte records in their mk_rec_slot places) two ways, in one persistent grid of
+// in shared memory (the megakernel's 48-byte records in their mk_rec_slot places) several ways, in one persistent grid of
 // one 512-thread block per SM like the megakernel's:
 //   dp4a  the megakernel's own one-token and verify code: mk_pairs (two rows a warp, a lane per block pair, records
 //         per column) and a warp tree per row and column
-//   mma   a warp per 16 rows: per block one mma.sync.m16n8k32.row.col.s32.u8.s8.s32 (A: the rows' unsigned nibbles,
-//         one 4-byte load per lane and row; B: the records of columns 0..7), then the same float step per row, column
-//         and block as mk_dot_rec (sf = si - 8*sum, fmaf(dw*dx, sf, acc)); each lane keeps rows g, g+8 x columns 2t,
-//         2t+1: no tree
-//   mma-s the same with the 16 rows' blocks staged through shared memory: row-contiguous 16-byte copies, as dp4a's
-//         loads are (the mma way's direct loads touch 16 rows at once and stream at ~1080 / 800 GB/s, call H), the
-//         next step held in registers (call J)
-//   mma-a the same by cp.async into a ring of 4 areas a warp (steps of 4 block pairs, 3 in flight, no registers)
+//   (call H's fourth way, a warp per 16 rows with direct 4-byte loads of each row: ~1080 / 800 GB/s; dropped in
+//   session 39, its code is in git history)
+//   mma-s a warp per 16 rows: per block one mma.sync.m16n8k32.row.col.s32.u8.s8.s32 (A: the rows' unsigned nibbles;
+//         B: the records of columns 0..7), then the same float step per row, column and block as mk_dot_rec
+//         (sf = si - 8*sum, fmaf(dw*dx, sf, acc)); each lane keeps rows g, g+8 x columns 2t, 2t+1: no tree. The 16
+//         rows' blocks staged through shared memory by row-contiguous 16-byte loads, as dp4a's are, the next step held
+//         in registers (call J)
+//   mma-a the same by cp.async into a ring of 4 areas a warp (steps of 4 block pairs, 3 in flight), per unit (call K)
+//   mma-c the ring running across the warp's units (session 39)
+//   mma-x mma-c summing in dp4a's order: every output bit for bit the dp4a way's (checked), so a verify could take
+//         the MMA while the one-token step keeps dp4a (session 39; mv_mma_ring's comment)
+//   mma-o mma-x's order of strips with mma-c's sums: what mma-x's walk costs the stream, apart from its merges
 // --cols 4 keeps records for 4 columns only (M = 1..4; down's 10240-value rows leave too little shared memory for
-// 8 columns and mma-a's ring)
+// 8 columns and the ring)
 // The integer sums are exact, so all give each (row, column, block) the same si; only the order the blocks' float
-// terms are added in differs (checked against a float64 reference). Prints, per M = 1..8, the median time of a pass
+// terms are added in differs (every way checked against a float64 reference, mma-x also bitwise against dp4a). Prints, per M = 1..8, the median time of a pass
 // over the matrices (launches in alternating order), its ratio to M = 1 and the GB/s of the weights.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -I$SRC/ggml/src -I$SRC/ggml/include -Imegakernel -Imegakernel/cuda \
@@ -38,11 +42,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-#ifndef MV_UNROLL
-#define MV_UNROLL 2   // pairs of blocks in flight per warp in the mma way (call H: 2; -DMV_UNROLL=8 for more loads in flight)
-#endif
-static constexpr int mv_unroll = MV_UNROLL;
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
@@ -118,28 +117,18 @@ static __device__ __forceinline__ void mv_mma_u8s8(int (&c)[4], const unsigned (
                  : "r"(av[0]), "r"(av[1]), "r"(av[2]), "r"(av[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
 }
 
-template <bool G>
-static __device__ __forceinline__ unsigned mv_word(const unsigned * p) {
-    if constexpr (G) {
-        return __ldg(p);
-    } else {
-        return *p;
-    }
-}
-
 // block pair p of rows g (its 9 words at p0) and g + 8 (p1), this lane (g, t) of the warp's mma: the words are
 // (d0 | q0[0..1], q0[2..13], q0[14..15] | d1, q1[0..15]); the lane's quant bytes 4t..4t+3 of block 0 sit 2 bytes into
 // word t, of block 1 in word 5 + t. One mma a block (A: the rows' nibbles, B: column g's records), then mk_dot_rec's
-// float step per (row, column, block) into acc: (row g, column 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1). G: the words
-// in global memory (read-only loads), else in shared memory. Columns past cols read column (c % cols): unused
-template <bool G>
+// float step per (row, column, block) into acc: (row g, column 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1); the words in
+// shared memory. Columns past cols read column (c % cols): unused
 static __device__ __forceinline__ void mv_mma_pair(const unsigned * p0, const unsigned * p1, int p, const uint8_t * xq,
                                                    size_t cs, int cols, float (&acc)[4]) {
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / 4, t = lane % 4, c0 = 2*t, c1 = 2*t + 1;
-    const unsigned x00 = mv_word<G>(p0), x04 = mv_word<G>(p0 + 4), y00 = mv_word<G>(p1), y04 = mv_word<G>(p1 + 4);
-    const unsigned q00 = __funnelshift_r(mv_word<G>(p0 + t), mv_word<G>(p0 + t + 1), 16), q01 = mv_word<G>(p0 + 5 + t);
-    const unsigned q10 = __funnelshift_r(mv_word<G>(p1 + t), mv_word<G>(p1 + t + 1), 16), q11 = mv_word<G>(p1 + 5 + t);
+    const unsigned x00 = p0[0], x04 = p0[4], y00 = p1[0], y04 = p1[4];
+    const unsigned q00 = __funnelshift_r(p0[t], p0[t + 1], 16), q01 = p0[5 + t];
+    const unsigned q10 = __funnelshift_r(p1[t], p1[t + 1], 16), q11 = p1[5 + t];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const size_t slot = (size_t) mk_rec_slot(2*p + h)*MK_XQ_REC;
@@ -173,24 +162,6 @@ static __device__ __forceinline__ void mv_mma_store(const mv_args & a, int mat, 
     if (c1 < a.M) {
         y[(size_t) c1*a.rows + g]     = acc[1];
         y[(size_t) c1*a.rows + g + 8] = acc[3];
-    }
-}
-
-__global__ void __launch_bounds__(MK_THREADS) mv_mma(const mv_args a) {
-    const uint8_t * xq = mv_stage(a);
-    const mv_warp w(a);
-    const int g = w.lane / 4;   // mma's groupID: rows g, g + 8 of A and C (mv_mma_pair)
-    for (int u = w.warp; u < a.mats*a.rows/16; u += w.nw) {
-        int mat, r0;
-        const uint8_t * w16 = w.unit(a, u, 16, mat, r0);
-        const unsigned * wr0 = (const unsigned *) (w16 + g*w.rb);         // row g
-        const unsigned * wr1 = (const unsigned *) (w16 + (g + 8)*w.rb);   // row g + 8
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // (row g, c0), (g, c1), (g + 8, c0), (g + 8, c1)
-#pragma unroll mv_unroll
-        for (int p = 0; p < a.nb/2; ++p) {   // (MV_UNROLL pairs' read-only loads in flight)
-            mv_mma_pair<true>(wr0 + 9*p, wr1 + 9*p, p, xq, w.cs, a.cols, acc);
-        }
-        mv_mma_store(a, mat, r0, acc);
     }
 }
 
@@ -246,72 +217,182 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
             const unsigned * rbw = (const unsigned *) (area + (g + 8)*MV_SROW);
 #pragma unroll
             for (int pp = 0; pp < MV_CP; ++pp) {
-                mv_mma_pair<false>(ra + 9*pp, rbw + 9*pp, s*MV_CP + pp, xq, w.cs, a.cols, acc);
+                mv_mma_pair(ra + 9*pp, rbw + 9*pp, s*MV_CP + pp, xq, w.cs, a.cols, acc);
             }
         }
         mv_mma_store(a, mat, r0, acc);
     }
 }
 
-// the mma way with the rows' strips copied by cp.async into a ring of MV_RING areas per warp (mma-a): steps of
-// MV_AP block pairs (16 rows x 144 bytes), MV_RING - 1 steps in flight, no registers held for them
-static constexpr int NMODE    = 4;   // dp4a, mma, mma-s, mma-a
-static constexpr int MV_AP    = 4;
+// the mma way with the rows' strips copied by cp.async into a ring of MV_RING areas per warp: steps of MV_AP block
+// pairs (16 rows x 144 bytes), MV_RING - 1 steps in flight, no registers held for them. Three ways:
+//   mma-a (call K) the ring filled per unit: its first steps wait out a whole load latency (gate/up's rows are 10 steps)
+//   mma-c the ring running across the warp's units: the next unit's first strips fly during this unit's last
+//   mma-x mma-c's stream in another order, each (row, column) summed in the dp4a way's order bit for bit (below)
+// mma-x: the dp4a way (mk_pairs, then mk_warp_sum) gives lane l the chain P_l over its pairs l, l + 32, ... (each
+// pair's blocks in order), then the butterfly: P_l + P_(l^16), then ^8, ^4, ^2, ^1. Float addition commutes bit for
+// bit, so that is one fixed tree. With l = 4k + c, the subtree of c (its 8 leaves k = 0..7) is complete after the
+// ^16, ^8, ^4 steps (k^4, k^2, k^1), and the sum is (S_0 + S_2) + (S_1 + S_3). A step of mma-x is strip q = k + 8r
+// (pairs 4q .. 4q + 3: one per c, round r of leaf k), the k in the tree's order 0, 4, 2, 6, 1, 5, 3, 7 (3 bits
+// reversed), each k's rounds in order; after a k's last round, each c's leaf joins a stack of pending sums (a binary
+// counter: 3 levels), so a lane keeps 4 floats a (c, output) instead of 32 leaves. The same walk splits a row across
+// warps exactly (c = 0, 2 in one, 1, 3 in the other: one add joins them), a freedom the megakernel's wide rows want
+static constexpr int NMODE    = 6;   // dp4a, mma-s, mma-a, mma-c, mma-x, mma-o
+#ifndef MV_AP_PAIRS
+#define MV_AP_PAIRS 4   // block pairs a step (mma-x: 4, one a subtree; -DMV_AP_PAIRS=8 for 288-byte strips, mma-x left out)
+#endif
+#ifndef MV_L2PF
+#define MV_L2PF 0       // the copies' L2 prefetch hint (cp.async's .L2::128B / .L2::256B), 0: none
+#endif
+static constexpr int MV_AP    = MV_AP_PAIRS;
 static constexpr int MV_ASEG  = MV_AP*36;          // 144 bytes of a row a step
 static constexpr int MV_ASC   = MV_ASEG/16;        // 9 chunks
 static constexpr int MV_AROW  = mv_srow(MV_ASEG);  // 144 (36 words: 4 mod 8)
-static constexpr int MV_RING  = 4;
+#ifndef MV_RING
+#define MV_RING 4
+#endif
 static constexpr int MV_AAREA = 16*MV_AROW;
 
 static __device__ __forceinline__ void mv_cp16(void * dst, const void * src) {
     const unsigned d = (unsigned) __cvta_generic_to_shared(dst);
+#if MV_L2PF == 256
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
+#elif MV_L2PF == 128
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
+#endif
 }
 static __device__ __forceinline__ void mv_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 static __device__ __forceinline__ void mv_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 
-__global__ void __launch_bounds__(MK_THREADS) mv_mma_a(const mv_args a) {
+// the 8 leaves k of a subtree in the butterfly's order: i's 3 bits reversed
+static __device__ __forceinline__ int mv_kord(int i) {
+    return ((i & 1) << 2) | (i & 2) | ((i >> 2) & 1);
+}
+
+// mma-x's step s of a row of nq strips (nq >= 8): its strip q = k + 8r, the walk's place i of k, and whether it is k's
+// last round
+static __device__ __forceinline__ int mv_xstrip(int s, int nq, int & i, bool & last) {
+    for (i = 0; i < 8; ++i) {
+        const int k = mv_kord(i), R = (nq - k + 7)/8;
+        if (s < R) {
+            last = s == R - 1;
+            return k + 8*s;
+        }
+        s -= R;
+    }
+    last = false;
+    return 0;   // (not reached: s < nq)
+}
+
+// MODE 2: mma-a, 3: mma-c, 4: mma-x, 5: mma-o (mma-x's order of strips, mma-c's sums: what the walk costs the stream)
+template <int MODE>
+__global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
     const uint8_t * xq = mv_stage(a);
     extern __shared__ __align__(16) uint8_t sm[];
     const mv_warp w(a);
     const int g = w.lane / 4;
     uint8_t * ring  = sm + a.cols*w.cs + (size_t) w.wb*MV_RING*MV_AAREA;
-    const int steps = a.nb/2/MV_AP;
-    for (int u = w.warp; u < a.mats*a.rows/16; u += w.nw) {
-        int mat, r0;
-        const uint8_t * w16 = w.unit(a, u, 16, mat, r0);
-        // step s's 16 x 9 chunks into area s % MV_RING (a group committed for every step, empty past the last)
-        auto issue = [&](int s) {
-            if (s < steps) {
-                uint8_t * area = ring + (s % MV_RING)*MV_AAREA;
-                for (int c = w.lane; c < 16*MV_ASC; c += WARP_SIZE) {
-                    mv_cp16(area + (c/MV_ASC)*MV_AROW + 16*(c % MV_ASC),
-                            w16 + (size_t) (c/MV_ASC)*w.rb + (size_t) s*MV_ASEG + 16*(c % MV_ASC));
+    const int nq    = a.nb/2/MV_AP;   // strips (steps) of a unit
+    const int units = a.mats*a.rows/16;
+    const int mine  = w.warp < units ? (units - w.warp + w.nw - 1)/w.nw : 0;   // this warp's units
+    // flat step f = this warp's unit f / nq, its step f % nq: the 16 x 9 chunks into area f % MV_RING (a group committed
+    // for every step, empty past the last; mma-a: only within the unit of step `within`)
+    auto issue = [&](int f, int within) {
+        if (f < mine*nq && (MODE != 2 || f/nq == within)) {
+            int i;
+            bool last;
+            const int s = f % nq;
+            const int q = MODE >= 4 ? mv_xstrip(s, nq, i, last) : s;
+            int mat, r0;
+            const uint8_t * w16 = w.unit(a, w.warp + (f/nq)*w.nw, 16, mat, r0);
+            uint8_t * area = ring + (f % MV_RING)*MV_AAREA;
+            for (int c = w.lane; c < 16*MV_ASC; c += WARP_SIZE) {
+                mv_cp16(area + (c/MV_ASC)*MV_AROW + 16*(c % MV_ASC),
+                        w16 + (size_t) (c/MV_ASC)*w.rb + (size_t) q*MV_ASEG + 16*(c % MV_ASC));
+            }
+        }
+        mv_cp_commit();
+    };
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float P[MV_AP][4], A[MV_AP][4], B[MV_AP][4], C[MV_AP][4];   // mma-x: leaf chains and the stacks' pending sums
+    for (int f = 0; f < mine*nq; ++f) {
+        const int s = f % nq;
+        if (MODE == 2 ? s == 0 : f == 0) {
+            for (int j = 0; j < MV_RING - 1; ++j) {
+                issue(f + j, f/nq);
+            }
+        }
+        mv_cp_wait<MV_RING - 2>();   // step f landed (this lane's copies)
+        __syncwarp();                // (every lane's; and every lane done with step f - 1's area)
+        issue(f + MV_RING - 1, f/nq);
+        const uint8_t * area = ring + (f % MV_RING)*MV_AAREA;
+        const unsigned * ra  = (const unsigned *) (area + g*MV_AROW);
+        const unsigned * rbw = (const unsigned *) (area + (g + 8)*MV_AROW);
+        if constexpr (MODE == 4) {
+            int i;
+            bool last;
+            const int q = mv_xstrip(s, nq, i, last);
+            const bool first = q < 8;   // (round 0 of k)
+#pragma unroll
+            for (int c = 0; c < MV_AP; ++c) {
+                if (first) {
+#pragma unroll
+                    for (int o = 0; o < 4; ++o) P[c][o] = 0.0f;
+                }
+                mv_mma_pair(ra + 9*c, rbw + 9*c, MV_AP*q + c, xq, w.cs, a.cols, P[c]);
+            }
+            if (last) {
+#pragma unroll
+                for (int o = 0; o < 4; ++o) {
+#pragma unroll
+                    for (int c = 0; c < MV_AP; ++c) {
+                        const float L = P[c][o];
+                        if (i % 2 == 0) {
+                            A[c][o] = L;
+                        } else {
+                            const float L1 = A[c][o] + L;
+                            if (i % 4 == 1) {
+                                B[c][o] = L1;
+                            } else {
+                                const float L2 = B[c][o] + L1;
+                                if (i == 3) {
+                                    C[c][o] = L2;
+                                } else {
+                                    P[c][o] = C[c][o] + L2;   // (i == 7: S_c)
+                                }
+                            }
+                        }
+                    }
+                    if (i == 7) {
+                        acc[o] = (P[0][o] + P[2][o]) + (P[1][o] + P[3][o]);
+                    }
                 }
             }
-            mv_cp_commit();
-        };
-        for (int s = 0; s < MV_RING - 1; ++s) {
-            issue(s);
-        }
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int s = 0; s < steps; ++s) {
-            mv_cp_wait<MV_RING - 2>();   // step s landed (this lane's copies)
-            __syncwarp();                // (every lane's; and every lane done with step s - 1's area)
-            issue(s + MV_RING - 1);
-            const uint8_t * area = ring + (s % MV_RING)*MV_AAREA;
-            const unsigned * ra  = (const unsigned *) (area + g*MV_AROW);
-            const unsigned * rbw = (const unsigned *) (area + (g + 8)*MV_AROW);
+        } else {
+            int i;
+            bool last;
+            const int q = MODE == 5 ? mv_xstrip(s, nq, i, last) : s;
 #pragma unroll
             for (int pp = 0; pp < MV_AP; ++pp) {
-                mv_mma_pair<false>(ra + 9*pp, rbw + 9*pp, s*MV_AP + pp, xq, w.cs, a.cols, acc);
+                mv_mma_pair(ra + 9*pp, rbw + 9*pp, q*MV_AP + pp, xq, w.cs, a.cols, acc);
             }
         }
-        mv_cp_wait<0>();
-        __syncwarp();   // (the ring is refilled by the next unit)
-        mv_mma_store(a, mat, r0, acc);
+        if (s == nq - 1) {
+            if (MODE == 2) {
+                mv_cp_wait<0>();
+                __syncwarp();   // (the ring is refilled by the next unit)
+            }
+            int mat, r0;
+            w.unit(a, w.warp + (f/nq)*w.nw, 16, mat, r0);
+            mv_mma_store(a, mat, r0, acc);
+#pragma unroll
+            for (int o = 0; o < 4; ++o) acc[o] = 0.0f;
+        }
     }
+    mv_cp_wait<0>();
 }
 
 static uint16_t f2h(float f) {
@@ -390,28 +471,41 @@ int main(int argc, char ** argv) {
     CK(cudaFuncSetAttribute(mv_dp4a<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_dp4a<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_dp4a<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
-    CK(cudaFuncSetAttribute(mv_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
-    // a way whose shared memory does not fit this shape and column count is left out, said once
-    bool on[4] = { true, true, smem_s <= prop.sharedMemPerBlockOptin, smem_a <= prop.sharedMemPerBlockOptin };
-    if (on[2]) CK(cudaFuncSetAttribute(mv_mma_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_s));
-    if (on[3]) CK(cudaFuncSetAttribute(mv_mma_a, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+    // a way whose shared memory does not fit this shape and column count is left out, said once; mma-x needs rows of
+    // at least 8 strips (every leaf of the tree a strip: K >= 2048)
+    const bool fa = smem_a <= prop.sharedMemPerBlockOptin;
+    const bool fx = fa && MV_AP == 4 && nb/2/MV_AP >= 8;
+    bool on[NMODE] = { true, smem_s <= prop.sharedMemPerBlockOptin, fa, fa, fx, fx };
+    if (on[1]) CK(cudaFuncSetAttribute(mv_mma_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_s));
+    if (fa) {
+        CK(cudaFuncSetAttribute(mv_mma_ring<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+        CK(cudaFuncSetAttribute(mv_mma_ring<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+        CK(cudaFuncSetAttribute(mv_mma_ring<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+        CK(cudaFuncSetAttribute(mv_mma_ring<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+    }
     const int grid = prop.multiProcessorCount;
 
-    static const char * const names[NMODE] = { "dp4a", "mma", "mma-s", "mma-a" };
+    static const char * const names[NMODE] = { "dp4a", "mma-s", "mma-a", "mma-c", "mma-x", "mma-o" };
     for (int i = 0; i < NMODE; ++i) {
-        if (!on[i]) {
+        if (!on[i] && i >= 4 && fa) {
+            printf("%s left out: it takes strips of 4 pairs (this build: %d) and rows of at least 8 (K >= 2048)\n", names[i], MV_AP);
+        } else if (!on[i]) {
             printf("%s left out: its shared memory (%zu bytes) is more than a block may have (%zu; try --cols 4)\n", names[i],
-                   i == 2 ? smem_s : smem_a, (size_t) prop.sharedMemPerBlockOptin);
+                   i == 1 ? smem_s : smem_a, (size_t) prop.sharedMemPerBlockOptin);
         }
     }
     auto launch = [&](int mode, int M) {
         const mv_args a = { dw, drec, dy, rows, nb, mats, M, cols };
         if (mode == 1) {
-            mv_mma<<<grid, MK_THREADS, smem>>>(a);
-        } else if (mode == 2) {
             mv_mma_s<<<grid, MK_THREADS, smem_s>>>(a);
+        } else if (mode == 2) {
+            mv_mma_ring<2><<<grid, MK_THREADS, smem_a>>>(a);
         } else if (mode == 3) {
-            mv_mma_a<<<grid, MK_THREADS, smem_a>>>(a);
+            mv_mma_ring<3><<<grid, MK_THREADS, smem_a>>>(a);
+        } else if (mode == 4) {
+            mv_mma_ring<4><<<grid, MK_THREADS, smem_a>>>(a);
+        } else if (mode == 5) {
+            mv_mma_ring<5><<<grid, MK_THREADS, smem_a>>>(a);
         } else if (M == 1) {
             mv_dp4a<1><<<grid, MK_THREADS, smem>>>(a);
         } else if (M <= 4) {   // (the megakernel's verify code for 2..4 columns, MK_MC_SMALL)
@@ -424,12 +518,28 @@ int main(int argc, char ** argv) {
 
     // correctness: every column of a sample of rows against a float64 reference, both ways
     int bad = 0;
+    std::vector<float> y0;   // the dp4a way's outputs: mma-x must give them bit for bit
     for (int mode = 0; mode < NMODE; ++mode) {
         if (!on[mode]) continue;
+        CK(cudaMemset(dy, 0xff, (size_t) mats*cols*rows*sizeof(float)));   // (NaN: an output never written shows)
         launch(mode, cols);
         CK(cudaDeviceSynchronize());
         std::vector<float> y((size_t) mats*cols*rows);
         CK(cudaMemcpy(y.data(), dy, y.size()*sizeof(float), cudaMemcpyDeviceToHost));
+        if (mode == 0) {
+            y0 = y;
+        } else if (mode == 4) {
+            size_t ndiff = 0, first = 0;
+            for (size_t i = 0; i < y.size(); ++i) {
+                if (memcmp(&y[i], &y0[i], 4) != 0 && ndiff++ == 0) first = i;
+            }
+            bad += ndiff != 0;
+            printf("check %-5s: all %zu outputs vs dp4a's bit for bit: %zu differ%s", names[mode], y.size(), ndiff,
+                   ndiff ? "" : " ok\n");
+            if (ndiff) {
+                printf(" (first: output %zu, %.9g vs %.9g) FAIL\n", first, y[first], y0[first]);
+            }
+        }
         double worst = 0.0;
         for (int s = 0; s < 64; ++s) {
             const int mat = s % mats, r = (int) ((s*7919L) % rows);
@@ -474,7 +584,7 @@ int main(int argc, char ** argv) {
         }
         for (int r = 0; r < reps; ++r) {
             for (int k = 0; k < NMODE; ++k) {
-                const int mode = r % 2 == 0 ? k : NMODE - 1 - k;   // ABCD, DCBA, ...
+                const int mode = r % 2 == 0 ? k : NMODE - 1 - k;   // ABC.., ..CBA, ...
                 if (!on[mode]) continue;
                 CK(cudaEventRecord(e0));
                 launch(mode, M);
