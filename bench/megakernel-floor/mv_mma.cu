@@ -20,6 +20,8 @@
 //   mma-x mma-c summing in dp4a's order: every output bit for bit the dp4a way's (checked), so a verify could take
 //         the MMA while the one-token step keeps dp4a (session 39; mv_mma_ring's comment)
 //   mma-o mma-x's order of strips with mma-c's sums: what mma-x's walk costs the stream, apart from its merges
+//   mma-b mma-c with the strips copied by the bulk copy engine (a cp.async.bulk a row, on an mbarrier an area), as the
+//         megakernel's tiles are
 // --cols 4 keeps records for 4 columns only (M = 1..4; down's 10240-value rows leave too little shared memory for
 // 8 columns and the ring)
 // The integer sums are exact, so all give each (row, column, block) the same si; only the order the blocks' float
@@ -71,9 +73,9 @@ static __device__ uint8_t * mv_stage(const mv_args & a) {
 struct mv_warp {
     int    lane, wb, warp, nw;
     size_t rb, cs;   // bytes of a weight row, of a column's records
-    __device__ explicit mv_warp(const mv_args & a)
+    __device__ explicit mv_warp(const mv_args & a, int W = MK_WARPS)   // (W: the warps of a block that work)
         : lane(threadIdx.x % WARP_SIZE), wb(threadIdx.x / WARP_SIZE), warp(wb*gridDim.x + blockIdx.x),
-          nw(gridDim.x*MK_WARPS), rb((size_t) a.nb*BQ), cs((size_t) a.nb*MK_XQ_REC) {}
+          nw(gridDim.x*W), rb((size_t) a.nb*BQ), cs((size_t) a.nb*MK_XQ_REC) {}
     // unit u of R rows: its matrix, its first row, and that row's weights
     __device__ const uint8_t * unit(const mv_args & a, int u, int R, int & mat, int & r0) const {
         mat = u / (a.rows/R);
@@ -237,7 +239,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
 // reversed), each k's rounds in order; after a k's last round, each c's leaf joins a stack of pending sums (a binary
 // counter: 3 levels), so a lane keeps 4 floats a (c, output) instead of 32 leaves. The same walk splits a row across
 // warps exactly (c = 0, 2 in one, 1, 3 in the other: one add joins them), a freedom the megakernel's wide rows want
-static constexpr int NMODE    = 6;   // dp4a, mma-s, mma-a, mma-c, mma-x, mma-o
+static constexpr int NMODE    = 7;   // dp4a, mma-s, mma-a, mma-c, mma-x, mma-o, mma-b
 #ifndef MV_AP_PAIRS
 #define MV_AP_PAIRS 4   // block pairs a step (mma-x: 4, one a subtree; -DMV_AP_PAIRS=8 for 288-byte strips, mma-x left out)
 #endif
@@ -250,6 +252,9 @@ static constexpr int MV_ASC   = MV_ASEG/16;        // 9 chunks
 static constexpr int MV_AROW  = mv_srow(MV_ASEG);  // 144 (36 words: 4 mod 8)
 #ifndef MV_RING
 #define MV_RING 4
+#endif
+#ifndef MV_WARPS
+#define MV_WARPS MK_WARPS   // the warps of a block that stream (the rest wait): fewer leave room for longer strips
 #endif
 static constexpr int MV_AAREA = 16*MV_AROW;
 
@@ -287,14 +292,41 @@ static __device__ __forceinline__ int mv_xstrip(int s, int nq, int & i, bool & l
     return 0;   // (not reached: s < nq)
 }
 
-// MODE 2: mma-a, 3: mma-c, 4: mma-x, 5: mma-o (mma-x's order of strips, mma-c's sums: what the walk costs the stream)
+// MODE 2: mma-a, 3: mma-c, 4: mma-x, 5: mma-o (mma-x's order of strips, mma-c's sums: what the walk costs the stream),
+// 6: mma-b (mma-c's ring filled by the bulk copy engine as the megakernel's tiles are: per step lane 0 expects the
+// strip's bytes on the area's mbarrier, lanes 0..15 copy a row's piece each with cp.async.bulk)
+static __device__ __forceinline__ void mv_bulk_row(void * dst, const void * src, unsigned bytes, unsigned long long * bar) {
+    const unsigned d = (unsigned) __cvta_generic_to_shared(dst), b = (unsigned) __cvta_generic_to_shared(bar);
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 :: "r"(d), "l"(src), "r"(bytes), "r"(b), "l"(pol) : "memory");
+}
+static __device__ __forceinline__ void mv_expect(unsigned long long * bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"((unsigned) __cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
 template <int MODE>
 __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
     const uint8_t * xq = mv_stage(a);
     extern __shared__ __align__(16) uint8_t sm[];
-    const mv_warp w(a);
+    const mv_warp w(a, MV_WARPS);
+    if (w.wb >= MV_WARPS) {
+        return;
+    }
     const int g = w.lane / 4;
     uint8_t * ring  = sm + a.cols*w.cs + (size_t) w.wb*MV_RING*MV_AAREA;
+    // mma-b: this warp's mbarriers, one an area (after every warp's ring)
+    unsigned long long * bar = (unsigned long long *) (sm + a.cols*w.cs + (size_t) MV_WARPS*MV_RING*MV_AAREA) + w.wb*MV_RING;
+    if (MODE == 6) {
+        if (w.lane == 0) {
+            for (int j = 0; j < MV_RING; ++j) {
+                mk_mbar_init(&bar[j]);
+            }
+            mk_mbar_init_fence();
+        }
+        __syncwarp();
+    }
     const int nq    = a.nb/2/MV_AP;   // strips (steps) of a unit
     const int units = a.mats*a.rows/16;
     const int mine  = w.warp < units ? (units - w.warp + w.nw - 1)/w.nw : 0;   // this warp's units
@@ -305,16 +337,28 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
             int i;
             bool last;
             const int s = f % nq;
-            const int q = MODE >= 4 ? mv_xstrip(s, nq, i, last) : s;
+            const int q = MODE == 4 || MODE == 5 ? mv_xstrip(s, nq, i, last) : s;
             int mat, r0;
             const uint8_t * w16 = w.unit(a, w.warp + (f/nq)*w.nw, 16, mat, r0);
             uint8_t * area = ring + (f % MV_RING)*MV_AAREA;
+            if constexpr (MODE == 6) {
+                if (w.lane == 0) {
+                    mv_expect(&bar[f % MV_RING], 16*MV_ASEG);
+                }
+                __syncwarp();
+                if (w.lane < 16) {
+                    mv_bulk_row(area + w.lane*MV_AROW, w16 + (size_t) w.lane*w.rb + (size_t) q*MV_ASEG, MV_ASEG, &bar[f % MV_RING]);
+                }
+                return;
+            }
             for (int c = w.lane; c < 16*MV_ASC; c += WARP_SIZE) {
                 mv_cp16(area + (c/MV_ASC)*MV_AROW + 16*(c % MV_ASC),
                         w16 + (size_t) (c/MV_ASC)*w.rb + (size_t) q*MV_ASEG + 16*(c % MV_ASC));
             }
         }
-        mv_cp_commit();
+        if constexpr (MODE != 6) {
+            mv_cp_commit();
+        }
     };
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float P[MV_AP][4], A[MV_AP][4], B[MV_AP][4], C[MV_AP][4];   // mma-x: leaf chains and the stacks' pending sums
@@ -325,7 +369,11 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
                 issue(f + j, f/nq);
             }
         }
-        mv_cp_wait<MV_RING - 2>();   // step f landed (this lane's copies)
+        if constexpr (MODE == 6) {
+            mk_mbar_wait(&bar[f % MV_RING], (unsigned) (f/MV_RING) & 1u);   // (area f % MV_RING's use f / MV_RING)
+        } else {
+            mv_cp_wait<MV_RING - 2>();   // step f landed (this lane's copies)
+        }
         __syncwarp();                // (every lane's; and every lane done with step f - 1's area)
         issue(f + MV_RING - 1, f/nq);
         const uint8_t * area = ring + (f % MV_RING)*MV_AAREA;
@@ -374,7 +422,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
         } else {
             int i;
             bool last;
-            const int q = MODE == 5 ? mv_xstrip(s, nq, i, last) : s;
+            const int q = MODE == 5 ? mv_xstrip(s, nq, i, last) : s;   // (mma-b: mma-c's order)
 #pragma unroll
             for (int pp = 0; pp < MV_AP; ++pp) {
                 mv_mma_pair(ra + 9*pp, rbw + 9*pp, q*MV_AP + pp, xq, w.cs, a.cols, acc);
@@ -425,8 +473,9 @@ int main(int argc, char ** argv) {
     const size_t rb = (size_t) nb*BQ, wbytes = (size_t) mats*rows*rb;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("mv_mma: %s, %d SMs; %d matrices of %d x %d Q4_0 (%.1f MB), columns M = 1..8\n", prop.name,
-           prop.multiProcessorCount, mats, rows, K, wbytes/1e6);
+    printf("mv_mma: %s, %d SMs; %d matrices of %d x %d Q4_0 (%.1f MB), columns M = 1..%d; ring ways: strips of %d pairs "
+           "(%d bytes a row), a ring of %d, %d warps a block\n", prop.name, prop.multiProcessorCount, mats, rows, K, wbytes/1e6,
+           cols, MV_AP, MV_ASEG, MV_RING, MV_WARPS);
 
     // random weights (scales 0.01..0.03, random nibbles) and records (q in -127..127, d 0.001..0.01, sum of q)
     srand(1234);
@@ -467,7 +516,7 @@ int main(int argc, char ** argv) {
     CK(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(drec, rec.data(), rec.size(), cudaMemcpyHostToDevice));
     const size_t smem = rec.size(), smem_s = rec.size() + (size_t) MK_WARPS*16*MV_SROW;
-    const size_t smem_a = rec.size() + (size_t) MK_WARPS*MV_RING*MV_AAREA;
+    const size_t smem_a = rec.size() + (size_t) MV_WARPS*MV_RING*(MV_AAREA + 8);   // (mma-b's mbarriers after the rings)
     CK(cudaFuncSetAttribute(mv_dp4a<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_dp4a<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     CK(cudaFuncSetAttribute(mv_dp4a<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
@@ -475,19 +524,20 @@ int main(int argc, char ** argv) {
     // at least 8 strips (every leaf of the tree a strip: K >= 2048)
     const bool fa = smem_a <= prop.sharedMemPerBlockOptin;
     const bool fx = fa && MV_AP == 4 && nb/2/MV_AP >= 8;
-    bool on[NMODE] = { true, smem_s <= prop.sharedMemPerBlockOptin, fa, fa, fx, fx };
+    bool on[NMODE] = { true, smem_s <= prop.sharedMemPerBlockOptin, fa, fa, fx, fx, fa };
     if (on[1]) CK(cudaFuncSetAttribute(mv_mma_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_s));
     if (fa) {
         CK(cudaFuncSetAttribute(mv_mma_ring<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
         CK(cudaFuncSetAttribute(mv_mma_ring<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
         CK(cudaFuncSetAttribute(mv_mma_ring<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
         CK(cudaFuncSetAttribute(mv_mma_ring<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+        CK(cudaFuncSetAttribute(mv_mma_ring<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
     }
     const int grid = prop.multiProcessorCount;
 
-    static const char * const names[NMODE] = { "dp4a", "mma-s", "mma-a", "mma-c", "mma-x", "mma-o" };
+    static const char * const names[NMODE] = { "dp4a", "mma-s", "mma-a", "mma-c", "mma-x", "mma-o", "mma-b" };
     for (int i = 0; i < NMODE; ++i) {
-        if (!on[i] && i >= 4 && fa) {
+        if (!on[i] && (i == 4 || i == 5) && fa) {
             printf("%s left out: it takes strips of 4 pairs (this build: %d) and rows of at least 8 (K >= 2048)\n", names[i], MV_AP);
         } else if (!on[i]) {
             printf("%s left out: its shared memory (%zu bytes) is more than a block may have (%zu; try --cols 4)\n", names[i],
@@ -506,6 +556,8 @@ int main(int argc, char ** argv) {
             mv_mma_ring<4><<<grid, MK_THREADS, smem_a>>>(a);
         } else if (mode == 5) {
             mv_mma_ring<5><<<grid, MK_THREADS, smem_a>>>(a);
+        } else if (mode == 6) {
+            mv_mma_ring<6><<<grid, MK_THREADS, smem_a>>>(a);
         } else if (M == 1) {
             mv_dp4a<1><<<grid, MK_THREADS, smem>>>(a);
         } else if (M <= 4) {   // (the megakernel's verify code for 2..4 columns, MK_MC_SMALL)
