@@ -22,6 +22,8 @@
 //   mma-o mma-x's order of strips with mma-c's sums: what mma-x's walk costs the stream, apart from its merges
 //   mma-b mma-c with the strips copied by the bulk copy engine (a cp.async.bulk a row, on an mbarrier an area), as the
 //         megakernel's tiles are
+//   mma-i mma-c without its float step: the blocks' integer sums added in the mma's accumulator (checked as such, not a
+//         mat-vec): the stream's rate where the per (row, column, block) float work is gone
 // --cols 4 keeps records for 4 columns only (M = 1..4; down's 10240-value rows leave too little shared memory for
 // 8 columns and the ring)
 // The integer sums are exact, so all give each (row, column, block) the same si; only the order the blocks' float
@@ -152,6 +154,28 @@ static __device__ __forceinline__ void mv_mma_pair(const unsigned * p0, const un
     }
 }
 
+// mma-i: mv_mma_pair's integer part alone, the blocks' sums added up in the mma's accumulator (no scales, no float
+// step: not the mat-vec's values, the stream's rate without the per (row, column, block) float work)
+static __device__ __forceinline__ void mv_mma_pair_i(const unsigned * p0, const unsigned * p1, int p, const uint8_t * xq,
+                                                     size_t cs, int cols, int (&ci)[4]) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / 4, t = lane % 4;
+    const unsigned q00 = __funnelshift_r(p0[t], p0[t + 1], 16), q01 = p0[5 + t];
+    const unsigned q10 = __funnelshift_r(p1[t], p1[t + 1], 16), q11 = p1[5 + t];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t * rg = xq + (size_t) (g % cols)*cs + (size_t) mk_rec_slot(2*p + h)*MK_XQ_REC;
+        const unsigned b0 = *(const unsigned *) (rg + 4*t);
+        const unsigned b1 = *(const unsigned *) (rg + 16 + 4*t);
+        const unsigned qa = h ? q01 : q00, qb = h ? q11 : q10;
+        const unsigned av[4] = { qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, (qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F };
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+r"(ci[0]), "+r"(ci[1]), "+r"(ci[2]), "+r"(ci[3])
+                     : "r"(av[0]), "r"(av[1]), "r"(av[2]), "r"(av[3]), "r"(b0), "r"(b1));
+    }
+}
+
 // a 16-row unit's sums (mv_mma_pair's acc) to y, the columns below M
 static __device__ __forceinline__ void mv_mma_store(const mv_args & a, int mat, int r0, const float (&acc)[4]) {
     const int lane = threadIdx.x % WARP_SIZE;
@@ -239,7 +263,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_s(const mv_args a) {
 // reversed), each k's rounds in order; after a k's last round, each c's leaf joins a stack of pending sums (a binary
 // counter: 3 levels), so a lane keeps 4 floats a (c, output) instead of 32 leaves. The same walk splits a row across
 // warps exactly (c = 0, 2 in one, 1, 3 in the other: one add joins them), a freedom the megakernel's wide rows want
-static constexpr int NMODE    = 7;   // dp4a, mma-s, mma-a, mma-c, mma-x, mma-o, mma-b
+static constexpr int NMODE    = 8;   // dp4a, mma-s, mma-a, mma-c, mma-x, mma-o, mma-b, mma-i
 #ifndef MV_AP_PAIRS
 #define MV_AP_PAIRS 4   // block pairs a step (mma-x: 4, one a subtree; -DMV_AP_PAIRS=8 for 288-byte strips, mma-x left out)
 #endif
@@ -294,7 +318,8 @@ static __device__ __forceinline__ int mv_xstrip(int s, int nq, int & i, bool & l
 
 // MODE 2: mma-a, 3: mma-c, 4: mma-x, 5: mma-o (mma-x's order of strips, mma-c's sums: what the walk costs the stream),
 // 6: mma-b (mma-c's ring filled by the bulk copy engine as the megakernel's tiles are: per step lane 0 expects the
-// strip's bytes on the area's mbarrier, lanes 0..15 copy a row's piece each with cp.async.bulk)
+// strip's bytes on the area's mbarrier, lanes 0..15 copy a row's piece each with cp.async.bulk), 7: mma-i (mma-c
+// with mv_mma_pair_i: no float step)
 static __device__ __forceinline__ void mv_bulk_row(void * dst, const void * src, unsigned bytes, unsigned long long * bar) {
     const unsigned d = (unsigned) __cvta_generic_to_shared(dst), b = (unsigned) __cvta_generic_to_shared(bar);
     unsigned long long pol;
@@ -361,6 +386,7 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
         }
     };
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int   ci[4]  = {0, 0, 0, 0};   // (mma-i)
     float P[MV_AP][4], A[MV_AP][4], B[MV_AP][4], C[MV_AP][4];   // mma-x: leaf chains and the stacks' pending sums
     for (int f = 0; f < mine*nq; ++f) {
         const int s = f % nq;
@@ -422,10 +448,14 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
         } else {
             int i;
             bool last;
-            const int q = MODE == 5 ? mv_xstrip(s, nq, i, last) : s;   // (mma-b: mma-c's order)
+            const int q = MODE == 5 ? mv_xstrip(s, nq, i, last) : s;   // (mma-b, mma-i: mma-c's order)
 #pragma unroll
             for (int pp = 0; pp < MV_AP; ++pp) {
-                mv_mma_pair(ra + 9*pp, rbw + 9*pp, q*MV_AP + pp, xq, w.cs, a.cols, acc);
+                if constexpr (MODE == 7) {
+                    mv_mma_pair_i(ra + 9*pp, rbw + 9*pp, q*MV_AP + pp, xq, w.cs, a.cols, ci);
+                } else {
+                    mv_mma_pair(ra + 9*pp, rbw + 9*pp, q*MV_AP + pp, xq, w.cs, a.cols, acc);
+                }
             }
         }
         if (s == nq - 1) {
@@ -435,6 +465,13 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
             }
             int mat, r0;
             w.unit(a, w.warp + (f/nq)*w.nw, 16, mat, r0);
+            if constexpr (MODE == 7) {
+#pragma unroll
+                for (int o = 0; o < 4; ++o) {
+                    acc[o] = (float) ci[o];
+                    ci[o]  = 0;
+                }
+            }
             mv_mma_store(a, mat, r0, acc);
 #pragma unroll
             for (int o = 0; o < 4; ++o) acc[o] = 0.0f;
@@ -524,7 +561,7 @@ int main(int argc, char ** argv) {
     // at least 8 strips (every leaf of the tree a strip: K >= 2048)
     const bool fa = smem_a <= prop.sharedMemPerBlockOptin;
     const bool fx = fa && MV_AP == 4 && nb/2/MV_AP >= 8;
-    bool on[NMODE] = { true, smem_s <= prop.sharedMemPerBlockOptin, fa, fa, fx, fx, fa };
+    bool on[NMODE] = { true, smem_s <= prop.sharedMemPerBlockOptin, fa, fa, fx, fx, fa, fa };
     if (on[1]) CK(cudaFuncSetAttribute(mv_mma_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_s));
     if (fa) {
         CK(cudaFuncSetAttribute(mv_mma_ring<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
@@ -532,10 +569,11 @@ int main(int argc, char ** argv) {
         CK(cudaFuncSetAttribute(mv_mma_ring<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
         CK(cudaFuncSetAttribute(mv_mma_ring<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
         CK(cudaFuncSetAttribute(mv_mma_ring<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+        CK(cudaFuncSetAttribute(mv_mma_ring<7>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
     }
     const int grid = prop.multiProcessorCount;
 
-    static const char * const names[NMODE] = { "dp4a", "mma-s", "mma-a", "mma-c", "mma-x", "mma-o", "mma-b" };
+    static const char * const names[NMODE] = { "dp4a", "mma-s", "mma-a", "mma-c", "mma-x", "mma-o", "mma-b", "mma-i" };
     for (int i = 0; i < NMODE; ++i) {
         if (!on[i] && (i == 4 || i == 5) && fa) {
             printf("%s left out: it takes strips of 4 pairs (this build: %d) and rows of at least 8 (K >= 2048)\n", names[i], MV_AP);
@@ -558,6 +596,8 @@ int main(int argc, char ** argv) {
             mv_mma_ring<5><<<grid, MK_THREADS, smem_a>>>(a);
         } else if (mode == 6) {
             mv_mma_ring<6><<<grid, MK_THREADS, smem_a>>>(a);
+        } else if (mode == 7) {
+            mv_mma_ring<7><<<grid, MK_THREADS, smem_a>>>(a);
         } else if (M == 1) {
             mv_dp4a<1><<<grid, MK_THREADS, smem>>>(a);
         } else if (M <= 4) {   // (the megakernel's verify code for 2..4 columns, MK_MC_SMALL)
@@ -602,11 +642,13 @@ int main(int argc, char ** argv) {
                     uint16_t d;
                     memcpy(&d, blk, 2);
                     long si = 0;
+                    const int o8 = mode == 7 ? 0 : 8;   // (mma-i: the unsigned nibbles' sums, no scales)
                     for (int j = 0; j < 16; ++j) {
-                        si += (long) ((blk[2 + j] & 15) - 8)*xqv[m][32*b + j] + (long) ((blk[2 + j] >> 4) - 8)*xqv[m][32*b + 16 + j];
+                        si += (long) ((blk[2 + j] & 15) - o8)*xqv[m][32*b + j] + (long) ((blk[2 + j] >> 4) - o8)*xqv[m][32*b + 16 + j];
                     }
-                    ref += (double) h2f(d)*xd[m][b]*(double) si;
-                    mag += fabs((double) h2f(d)*xd[m][b]*(double) si);
+                    const double sc = mode == 7 ? 1.0 : (double) h2f(d)*xd[m][b];
+                    ref += sc*(double) si;
+                    mag += fabs(sc*(double) si);
                 }
                 const double got = y[((size_t) mat*cols + m)*rows + r];
                 worst = std::max(worst, fabs(got - ref)/std::max(mag, 1e-30));
@@ -614,8 +656,8 @@ int main(int argc, char ** argv) {
         }
         const bool ok = worst < 1e-5;
         bad += !ok;
-        printf("check %-5s: every column of 64 rows vs float64, worst |error| / sum|terms| = %.2e %s\n", names[mode],
-               worst, ok ? "ok" : "FAIL");
+        printf("check %-5s: every column of 64 rows vs float64%s, worst |error| / sum|terms| = %.2e %s\n", names[mode],
+               mode == 7 ? " (the integer sums of the unsigned nibbles: mma-i has no float step)" : "", worst, ok ? "ok" : "FAIL");
     }
 
     cudaEvent_t e0, e1;
