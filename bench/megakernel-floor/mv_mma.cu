@@ -690,14 +690,13 @@ int main(int argc, char ** argv) {
     bool on[NMODE] = { true, smem_s <= prop.sharedMemPerBlockOptin, fa, fa, fx, fx, fa, fa, fx };
     auto runs = [&](int mode, int M) { return on[mode] && (mode != 8 || M <= 4); };   // (mma-q: up to 4 columns)
     if (on[1]) CK(cudaFuncSetAttribute(mv_mma_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_s));
-    if (fa) {
-        CK(cudaFuncSetAttribute(mv_mma_ring<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
-        CK(cudaFuncSetAttribute(mv_mma_ring<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
-        CK(cudaFuncSetAttribute(mv_mma_ring<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
-        CK(cudaFuncSetAttribute(mv_mma_ring<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
-        CK(cudaFuncSetAttribute(mv_mma_ring<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
-        CK(cudaFuncSetAttribute(mv_mma_ring<7>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
-        CK(cudaFuncSetAttribute(mv_mma_ring<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+    // the ring ways' kernels by mode (mv_mma_ring<MODE>)
+    void (* const ring[NMODE])(const mv_args) = { nullptr, nullptr, mv_mma_ring<2>, mv_mma_ring<3>, mv_mma_ring<4>,
+                                                  mv_mma_ring<5>, mv_mma_ring<6>, mv_mma_ring<7>, mv_mma_ring<8> };
+    for (int i = 0; i < NMODE; ++i) {
+        if (ring[i] != nullptr && fa) {
+            CK(cudaFuncSetAttribute(ring[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem_a));
+        }
     }
     const int grid = prop.multiProcessorCount;
 
@@ -714,20 +713,8 @@ int main(int argc, char ** argv) {
         const mv_args a = { dw, drec, dy, rows, nb, mats, M, cols };
         if (mode == 1) {
             mv_mma_s<<<grid, MK_THREADS, smem_s>>>(a);
-        } else if (mode == 2) {
-            mv_mma_ring<2><<<grid, MK_THREADS, smem_a>>>(a);
-        } else if (mode == 3) {
-            mv_mma_ring<3><<<grid, MK_THREADS, smem_a>>>(a);
-        } else if (mode == 4) {
-            mv_mma_ring<4><<<grid, MK_THREADS, smem_a>>>(a);
-        } else if (mode == 5) {
-            mv_mma_ring<5><<<grid, MK_THREADS, smem_a>>>(a);
-        } else if (mode == 6) {
-            mv_mma_ring<6><<<grid, MK_THREADS, smem_a>>>(a);
-        } else if (mode == 7) {
-            mv_mma_ring<7><<<grid, MK_THREADS, smem_a>>>(a);
-        } else if (mode == 8) {
-            mv_mma_ring<8><<<grid, MK_THREADS, smem_a>>>(a);
+        } else if (ring[mode] != nullptr) {
+            ring[mode]<<<grid, MK_THREADS, smem_a>>>(a);
         } else if (M == 1) {
             mv_dp4a<1><<<grid, MK_THREADS, smem>>>(a);
         } else if (M <= 4) {   // (the megakernel's verify code for 2..4 columns, MK_MC_SMALL)
@@ -749,41 +736,31 @@ int main(int argc, char ** argv) {
         CK(cudaMemcpy(y.data(), dy, y.size()*sizeof(float), cudaMemcpyDeviceToHost));
         return y;
     };
+    // a way that sums in dp4a's order (mma-x, mma-q): all its outputs bit for bit dp4a's
+    auto bitwise = [&](int mode, const std::vector<float> & y, const std::vector<float> & yd, int M) {
+        size_t ndiff = 0, first = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+            if (memcmp(&y[i], &yd[i], 4) != 0 && ndiff++ == 0) first = i;
+        }
+        bad += ndiff != 0;
+        printf("check %-5s: all %zu outputs (M = %d) vs dp4a's bit for bit: %zu differ%s", names[mode], y.size(), M, ndiff,
+               ndiff ? "" : " ok\n");
+        if (ndiff) {
+            printf(" (first: output %zu, %.9g vs %.9g) FAIL\n", first, y[first], yd[first]);
+        }
+    };
     for (int mode = 0; mode < NMODE; ++mode) {
         if (!on[mode]) continue;
-        if (mode == 8) {   // mma-q: its columns (up to 4) bit for bit dp4a's at the same count
+        if (mode == 8) {   // mma-q: its columns (up to 4) against dp4a's at the same count
             const int Mq = std::min(cols, 4);
-            const std::vector<float> yq = outputs(8, Mq), yd = outputs(0, Mq);
-            size_t ndiff = 0, first = 0;
-            for (size_t i = 0; i < yq.size(); ++i) {
-                if (memcmp(&yq[i], &yd[i], 4) != 0 && ndiff++ == 0) first = i;
-            }
-            bad += ndiff != 0;
-            printf("check %-5s: all %zu outputs (M = %d) vs dp4a's bit for bit: %zu differ%s", names[mode], yq.size(), Mq,
-                   ndiff, ndiff ? "" : " ok\n");
-            if (ndiff) {
-                printf(" (first: output %zu, %.9g vs %.9g) FAIL\n", first, yq[first], yd[first]);
-            }
+            bitwise(mode, outputs(8, Mq), outputs(0, Mq), Mq);
             continue;
         }
-        CK(cudaMemset(dy, 0xff, (size_t) mats*cols*rows*sizeof(float)));   // (NaN: an output never written shows)
-        launch(mode, cols);
-        CK(cudaDeviceSynchronize());
-        std::vector<float> y((size_t) mats*cols*rows);
-        CK(cudaMemcpy(y.data(), dy, y.size()*sizeof(float), cudaMemcpyDeviceToHost));
+        const std::vector<float> y = outputs(mode, cols);
         if (mode == 0) {
             y0 = y;
         } else if (mode == 4) {
-            size_t ndiff = 0, first = 0;
-            for (size_t i = 0; i < y.size(); ++i) {
-                if (memcmp(&y[i], &y0[i], 4) != 0 && ndiff++ == 0) first = i;
-            }
-            bad += ndiff != 0;
-            printf("check %-5s: all %zu outputs vs dp4a's bit for bit: %zu differ%s", names[mode], y.size(), ndiff,
-                   ndiff ? "" : " ok\n");
-            if (ndiff) {
-                printf(" (first: output %zu, %.9g vs %.9g) FAIL\n", first, y[first], y0[first]);
-            }
+            bitwise(mode, y, y0, cols);
         }
         double worst = 0.0;
         for (int s = 0; s < 64; ++s) {

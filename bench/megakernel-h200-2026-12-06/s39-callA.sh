@@ -4,12 +4,4 @@
 # mma-s (call J) and mma-a (call K: the ring per unit, 1348 / 1868 GB/s). Gate/up's shape with 8 columns over 8
 # matrices (5120 units of 16 rows for 2112 warps: 2.4 each) and over 33 (10 each: no ragged last round), down's with 4:
 #   run(command="bash bench/megakernel-h200-2026-12-06/s39-callA.sh", carry=[".dev/cuda"], timeout_s=240)
-set -u
-S=/tmp/stq-mv/src
-mkdir -p $S && tar -xJf .dev/cuda/src.tar.xz -C $S
-nvcc -std=c++17 -O3 -arch=sm_90 -I$S/ggml/src -I$S/ggml/include -Imegakernel -Imegakernel/cuda \
-    bench/megakernel-floor/mv_mma.cu -o /tmp/stq-mv/mv_mma > /tmp/stq-mv/nvcc.log 2>&1 || tail -5 /tmp/stq-mv/nvcc.log
-for shape in "--rows 10240 --k 2560 --cols 8 --mats 8" "--rows 10240 --k 2560 --cols 8 --mats 33" \
-             "--rows 2560 --k 10240 --cols 4 --mats 8"; do
-    /tmp/stq-mv/mv_mma $shape --reps 11 2>&1 | tee -a "$OUT/mv_mma.log"
-done
+bash bench/megakernel-floor/mv_mma-device.sh --reps 11 base= -- "--rows 10240 --k 2560 --cols 8 --mats 8" "--rows 10240 --k 2560 --cols 8 --mats 33" "--rows 2560 --k 10240 --cols 4 --mats 8"

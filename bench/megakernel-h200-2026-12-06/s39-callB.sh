@@ -8,18 +8,5 @@
 #   ring5  a ring of 5 (4 steps in flight; down's shape does not fit: its ring ways are left out)
 # each on gate/up's shape (8 matrices, 8 columns) and down's (4 columns):
 #   run(command="bash bench/megakernel-h200-2026-12-06/s39-callB.sh", carry=[".dev/cuda"], timeout_s=300)
-set -u
-S=/tmp/stq-mv/src
-mkdir -p $S && tar -xJf .dev/cuda/src.tar.xz -C $S
-declare -A V=([base]="" [pf256]="-DMV_L2PF=256" [ap8]="-DMV_AP_PAIRS=8 -DMV_RING=2 -DMV_L2PF=256" [ring5]="-DMV_RING=5")
-for v in base pf256 ap8 ring5; do
-    nvcc -std=c++17 -O3 -arch=sm_90 ${V[$v]} -I$S/ggml/src -I$S/ggml/include -Imegakernel -Imegakernel/cuda \
-        bench/megakernel-floor/mv_mma.cu -o /tmp/stq-mv/mv_$v > /tmp/stq-mv/nvcc_$v.log 2>&1 &
-done
-wait
-for v in base pf256 ap8 ring5; do
-    for shape in "--rows 10240 --k 2560 --cols 8 --mats 8" "--rows 2560 --k 10240 --cols 4 --mats 8"; do
-        echo "== $v: $shape" | tee -a "$OUT/mv_mma.log"
-        /tmp/stq-mv/mv_$v $shape --reps 7 2>&1 | tee -a "$OUT/mv_mma.log" || tail -5 /tmp/stq-mv/nvcc_$v.log
-    done
-done
+bash bench/megakernel-floor/mv_mma-device.sh base= "pf256=-DMV_L2PF=256" "ap8=-DMV_AP_PAIRS=8 -DMV_RING=2 -DMV_L2PF=256" \
+    "ring5=-DMV_RING=5" -- "--rows 10240 --k 2560 --cols 8 --mats 8" "--rows 2560 --k 10240 --cols 4 --mats 8"

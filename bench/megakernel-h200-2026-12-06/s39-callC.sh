@@ -3,11 +3,4 @@
 # does mma-x lose to mma-c (call A: 975 / 1219 / 957 against 1385 / 1684 / 1641 GB/s) by the order it reads the
 # strips in, or by its merges (spills)? Gate/up's shape over 33 matrices (no ragged last round), down's with 4 columns:
 #   run(command="bash bench/megakernel-h200-2026-12-06/s39-callC.sh", carry=[".dev/cuda"], timeout_s=240)
-set -u
-S=/tmp/stq-mv/src
-mkdir -p $S && tar -xJf .dev/cuda/src.tar.xz -C $S
-nvcc -std=c++17 -O3 -arch=sm_90 -I$S/ggml/src -I$S/ggml/include -Imegakernel -Imegakernel/cuda \
-    bench/megakernel-floor/mv_mma.cu -o /tmp/stq-mv/mv_mma > /tmp/stq-mv/nvcc.log 2>&1 || tail -5 /tmp/stq-mv/nvcc.log
-for shape in "--rows 10240 --k 2560 --cols 8 --mats 33" "--rows 2560 --k 10240 --cols 4 --mats 8"; do
-    /tmp/stq-mv/mv_mma $shape --reps 9 2>&1 | tee -a "$OUT/mv_mma.log"
-done
+bash bench/megakernel-floor/mv_mma-device.sh --reps 9 base= -- "--rows 10240 --k 2560 --cols 8 --mats 33" "--rows 2560 --k 10240 --cols 4 --mats 8"

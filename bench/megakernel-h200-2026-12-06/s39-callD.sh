@@ -9,21 +9,6 @@
 #   w4a40r2  4 warps, 40 pairs (1440 B: a whole gate/up row), a ring of 2 (down does not fit)
 # on gate/up's shape over 8 and 33 matrices (8 columns) and down's (4 columns):
 #   run(command="bash bench/megakernel-h200-2026-12-06/s39-callD.sh", carry=[".dev/cuda"], timeout_s=420)
-set -u
-S=/tmp/stq-mv/src
-mkdir -p $S && tar -xJf .dev/cuda/src.tar.xz -C $S
-declare -A V=([base]="" [w8a8r3]="-DMV_WARPS=8 -DMV_AP_PAIRS=8 -DMV_RING=3" [w8a20r2]="-DMV_WARPS=8 -DMV_AP_PAIRS=20 -DMV_RING=2"
-              [w4a20r3]="-DMV_WARPS=4 -DMV_AP_PAIRS=20 -DMV_RING=3" [w4a40r2]="-DMV_WARPS=4 -DMV_AP_PAIRS=40 -DMV_RING=2")
-ALL="base w8a8r3 w8a20r2 w4a20r3 w4a40r2"
-for v in $ALL; do
-    nvcc -std=c++17 -O3 -arch=sm_90 ${V[$v]} -I$S/ggml/src -I$S/ggml/include -Imegakernel -Imegakernel/cuda \
-        bench/megakernel-floor/mv_mma.cu -o /tmp/stq-mv/mv_$v > /tmp/stq-mv/nvcc_$v.log 2>&1 &
-done
-wait
-for v in $ALL; do
-    for shape in "--rows 10240 --k 2560 --cols 8 --mats 8" "--rows 10240 --k 2560 --cols 8 --mats 33" \
-                 "--rows 2560 --k 10240 --cols 4 --mats 8"; do
-        echo "== $v: $shape" | tee -a "$OUT/mv_mma.log"
-        /tmp/stq-mv/mv_$v $shape --reps 7 2>&1 | tee -a "$OUT/mv_mma.log" || tail -5 /tmp/stq-mv/nvcc_$v.log
-    done
-done
+bash bench/megakernel-floor/mv_mma-device.sh base= "w8a8r3=-DMV_WARPS=8 -DMV_AP_PAIRS=8 -DMV_RING=3" \
+    "w8a20r2=-DMV_WARPS=8 -DMV_AP_PAIRS=20 -DMV_RING=2" "w4a20r3=-DMV_WARPS=4 -DMV_AP_PAIRS=20 -DMV_RING=3" \
+    "w4a40r2=-DMV_WARPS=4 -DMV_AP_PAIRS=40 -DMV_RING=2" -- "--rows 10240 --k 2560 --cols 8 --mats 8" "--rows 10240 --k 2560 --cols 8 --mats 33" "--rows 2560 --k 10240 --cols 4 --mats 8"

@@ -4,19 +4,4 @@
 # times were of mma-o's walk). Two builds: base (16 warps, strips of 4 pairs, ring of 4) and a8r2 (8 pairs, ring of 2),
 # on gate/up's shape over 33 matrices and down's (4 columns):
 #   run(command="bash bench/megakernel-h200-2026-12-06/s39-callF.sh", carry=[".dev/cuda"], timeout_s=300)
-set -u
-S=/tmp/stq-mv/src
-mkdir -p $S && tar -xJf .dev/cuda/src.tar.xz -C $S
-declare -A V=([base]="" [a8r2]="-DMV_AP_PAIRS=8 -DMV_RING=2")
-ALL="base a8r2"
-for v in $ALL; do
-    nvcc -std=c++17 -O3 -arch=sm_90 ${V[$v]} -I$S/ggml/src -I$S/ggml/include -Imegakernel -Imegakernel/cuda \
-        bench/megakernel-floor/mv_mma.cu -o /tmp/stq-mv/mv_$v > /tmp/stq-mv/nvcc_$v.log 2>&1 &
-done
-wait
-for v in $ALL; do
-    for shape in "--rows 10240 --k 2560 --cols 8 --mats 33" "--rows 2560 --k 10240 --cols 4 --mats 8"; do
-        echo "== $v: $shape" | tee -a "$OUT/mv_mma.log"
-        /tmp/stq-mv/mv_$v $shape --reps 7 2>&1 | tee -a "$OUT/mv_mma.log" || tail -5 /tmp/stq-mv/nvcc_$v.log
-    done
-done
+bash bench/megakernel-floor/mv_mma-device.sh base= "a8r2=-DMV_AP_PAIRS=8 -DMV_RING=2" -- "--rows 10240 --k 2560 --cols 8 --mats 33" "--rows 2560 --k 10240 --cols 4 --mats 8"

@@ -6,11 +6,4 @@
 # M = 2 / 3 / 4 against dp4a's ~2080 / 1770 / 1530 on gate/up. Base build (16 warps, strips of 4 pairs, ring of 4),
 # gate/up's shape over 33 matrices (8 columns: mma-q times M = 1..4) and down's (4 columns):
 #   run(command="bash bench/megakernel-h200-2026-12-06/s39-callI.sh", carry=[".dev/cuda"], timeout_s=240)
-set -u
-S=/tmp/stq-mv/src
-mkdir -p $S && tar -xJf .dev/cuda/src.tar.xz -C $S
-nvcc -std=c++17 -O3 -arch=sm_90 -I$S/ggml/src -I$S/ggml/include -Imegakernel -Imegakernel/cuda \
-    bench/megakernel-floor/mv_mma.cu -o /tmp/stq-mv/mv_mma > /tmp/stq-mv/nvcc.log 2>&1 || tail -5 /tmp/stq-mv/nvcc.log
-for shape in "--rows 10240 --k 2560 --cols 8 --mats 33" "--rows 2560 --k 10240 --cols 4 --mats 8"; do
-    /tmp/stq-mv/mv_mma $shape --reps 9 2>&1 | tee -a "$OUT/mv_mma.log"
-done
+bash bench/megakernel-floor/mv_mma-device.sh --reps 9 base= -- "--rows 10240 --k 2560 --cols 8 --mats 33" "--rows 2560 --k 10240 --cols 4 --mats 8"
