@@ -600,9 +600,10 @@ FLOOR = config.REPO_ROOT / "bench" / "megakernel-floor"
 
 @pytest.mark.parametrize("source", ["floor.cu", "mv_mma.cu"])
 def test_bench_cuda_sources_compile_with_nvcc(cpu_build, source):
-    """the device benches beside the kernel (floor.cu: its floor; mv_mma.cu: the int8 MMA lever, whose mma-x way sums
-    in mk_pairs' order) include mk-kernel.cuh and call its functions (mk_pairs, mk_rec_slot, the staging): a change to
-    the kernel must not leave them uncompilable until the next device session finds out (~40 s each with nvcc)"""
+    """the device benches beside the kernel (floor.cu: its floor; mv_mma.cu: the int8 MMA lever, whose mma-x and mma-q
+    ways sum in mk_pairs' order) include mk-kernel.cuh and call its functions (mk_pairs, mk_q8_slot, mk_rec_slot, the
+    bulk copies): a change to the kernel must not leave their device code uncompilable until the next device session
+    finds out (~40 s each with nvcc; their host code, CUDA runtime calls only, is compiled on the device by its scripts)"""
     src = source_tree(cpu_build)
     res = cuda_toolkit.compile_check(FLOOR / source, [src / "ggml" / "src", src / "ggml" / "include", MK, MK / "cuda"],
                                      nvcc=True)

@@ -8,8 +8,8 @@
 // one 512-thread block per SM like the megakernel's:
 //   dp4a  the megakernel's own one-token and verify code: mk_pairs (two rows a warp, a lane per block pair, records
 //         per column) and a warp tree per row and column
-//   (call H's fourth way, a warp per 16 rows with direct 4-byte loads of each row: ~1080 / 800 GB/s; dropped in
-//   session 39, its code is in git history)
+//   (session 38's way "mma", a warp per 16 rows with direct 4-byte loads of each row, ~1080 / 800 GB/s in its call H,
+//   was dropped in session 39; its code is in git history)
 //   mma-s a warp per 16 rows: per block one mma.sync.m16n8k32.row.col.s32.u8.s8.s32 (A: the rows' unsigned nibbles;
 //         B: the records of columns 0..7), then the same float step per row, column and block as mk_dot_rec
 //         (sf = si - 8*sum, fmaf(dw*dx, sf, acc)); each lane keeps rows g, g+8 x columns 2t, 2t+1: no tree. The 16
@@ -29,12 +29,14 @@
 // --cols 4 keeps records for 4 columns only (M = 1..4; down's 10240-value rows leave too little shared memory for
 // 8 columns and the ring)
 // The integer sums are exact, so all give each (row, column, block) the same si; only the order the blocks' float
-// terms are added in differs (every way checked against a float64 reference, mma-x also bitwise against dp4a). Prints, per M = 1..8, the median time of a pass
-// over the matrices (launches in alternating order), its ratio to M = 1 and the GB/s of the weights.
+// terms are added in differs. Every way is checked against a float64 reference (mma-i against the exact integer
+// sums), mma-x and mma-q also bit for bit against dp4a. Prints, per M = 1..cols, the median time of a pass over the
+// matrices (launches in alternating order), its ratio to M = 1 and the GB/s of the weights.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -I$SRC/ggml/src -I$SRC/ggml/include -Imegakernel -Imegakernel/cuda \
-//        bench/megakernel-floor/mv_mma.cu -o mv_mma && ./mv_mma [--rows 10240 --k 2560] [--mats 8] [--reps 15]
-//   (K/64 a multiple of MV_STEP_PAIRS: the staged way's steps; -DMV_STEP_PAIRS=20 for 720-byte strips)
+//        bench/megakernel-floor/mv_mma.cu -o mv_mma && ./mv_mma [--rows 10240 --k 2560] [--mats 8] [--reps 15] [--cols 8]
+//   (K/64 a multiple of MV_STEP_PAIRS: the staged way's steps; -DMV_STEP_PAIRS=20 for 720-byte strips; the ring ways'
+//   knobs MV_AP_PAIRS, MV_RING, MV_WARPS, MV_L2PF below. On the lent GPU: mv_mma-device.sh, several builds at once)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
