@@ -12,6 +12,7 @@ builds=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do builds+=("$1"); shift; done
 [ "${1:-}" = -- ] && shift
 [ ${#builds[@]} -gt 0 ] && [ $# -gt 0 ] || { echo "usage: $0 [--reps N] NAME=FLAGS ... -- SHAPE ..." >&2; exit 2; }
+: "${OUT:?OUT: the folder the device call brings back (run this through the device tool, which sets it)}"
 S=/tmp/stq-mv/src
 mkdir -p $S && tar -xJf .dev/cuda/src.tar.xz -C $S || exit 1
 for b in "${builds[@]}"; do

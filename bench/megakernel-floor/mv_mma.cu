@@ -118,16 +118,46 @@ __global__ void __launch_bounds__(MK_THREADS) mv_dp4a(const mv_args a) {
     }
 }
 
-static __device__ __forceinline__ void mv_mma_u8s8(int (&c)[4], const unsigned (&av)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%10, %11, %12, %13};"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(av[0]), "r"(av[1]), "r"(av[2]), "r"(av[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+// one mma.m16n8k32 of a block, added to d: A the 16 rows' weights as bytes (unsigned nibbles, or S8: signed
+// 16*(n - 8)), B the 8 columns' 8-bit records
+template <bool S8>
+static __device__ __forceinline__ void mv_mma_k32(int (&d)[4], const unsigned (&av)[4], unsigned b0, unsigned b1) {
+    if constexpr (S8) {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(av[0]), "r"(av[1]), "r"(av[2]), "r"(av[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(av[0]), "r"(av[1]), "r"(av[2]), "r"(av[3]), "r"(b0), "r"(b1));
+    }
 }
 
-// block pair p of rows g (its 9 words at p0) and g + 8 (p1), this lane (g, t) of the warp's mma: the words are
+// this lane's (g, t) A fragment of block h of a block pair, rows g (its 9 words at p0) and g + 8 (p1): the words are
 // (d0 | q0[0..1], q0[2..13], q0[14..15] | d1, q1[0..15]); the lane's quant bytes 4t..4t+3 of block 0 sit 2 bytes into
-// word t, of block 1 in word 5 + t. One mma a block (A: the rows' nibbles, B: column g's records), then mk_dot_rec's
+// word t, of block 1 in word 5 + t; their low nibbles are values 4t.., their high ones 16 + 4t.. (unsigned, or S8:
+// 16*(n - 8) as signed bytes: ((n ^ 8) << 4))
+template <bool S8>
+static __device__ __forceinline__ void mv_afrag(const unsigned * p0, const unsigned * p1, int t, int h, unsigned (&av)[4]) {
+    const unsigned qa = h ? p0[5 + t] : __funnelshift_r(p0[t], p0[t + 1], 16);
+    const unsigned qb = h ? p1[5 + t] : __funnelshift_r(p1[t], p1[t + 1], 16);
+    if constexpr (S8) {
+        av[0] = ((qa << 4) & 0xF0F0F0F0) ^ 0x80808080;
+        av[1] = ((qb << 4) & 0xF0F0F0F0) ^ 0x80808080;
+        av[2] = (qa & 0xF0F0F0F0) ^ 0x80808080;
+        av[3] = (qb & 0xF0F0F0F0) ^ 0x80808080;
+    } else {
+        av[0] = qa & 0x0F0F0F0F;
+        av[1] = qb & 0x0F0F0F0F;
+        av[2] = (qa >> 4) & 0x0F0F0F0F;
+        av[3] = (qb >> 4) & 0x0F0F0F0F;
+    }
+}
+
+// block pair p of rows g (its 9 words at p0) and g + 8 (p1), this lane (g, t) of the warp's mma. One mma a block
+// (A: the rows' nibbles, mv_afrag; B: column g's records), then mk_dot_rec's
 // float step per (row, column, block) into acc: (row g, column 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1); the words in
 // shared memory. Columns past cols read column (c % cols): unused
 static __device__ __forceinline__ void mv_mma_pair(const unsigned * p0, const unsigned * p1, int p, const uint8_t * xq,
@@ -135,18 +165,14 @@ static __device__ __forceinline__ void mv_mma_pair(const unsigned * p0, const un
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / 4, t = lane % 4, c0 = 2*t, c1 = 2*t + 1;
     const unsigned x00 = p0[0], x04 = p0[4], y00 = p1[0], y04 = p1[4];
-    const unsigned q00 = __funnelshift_r(p0[t], p0[t + 1], 16), q01 = p0[5 + t];
-    const unsigned q10 = __funnelshift_r(p1[t], p1[t + 1], 16), q11 = p1[5 + t];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const size_t slot = (size_t) mk_rec_slot(2*p + h)*MK_XQ_REC;
         const uint8_t * rg = xq + (size_t) (g % cols)*cs + slot;
-        const unsigned b0 = *(const unsigned *) (rg + 4*t);
-        const unsigned b1 = *(const unsigned *) (rg + 16 + 4*t);
-        const unsigned qa = h ? q01 : q00, qb = h ? q11 : q10;
-        const unsigned av[4] = { qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, (qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F };
-        int c[4];
-        mv_mma_u8s8(c, av, b0, b1);
+        unsigned av[4];
+        mv_afrag<false>(p0, p1, t, h, av);
+        int c[4] = {0, 0, 0, 0};
+        mv_mma_k32<false>(c, av, *(const unsigned *) (rg + 4*t), *(const unsigned *) (rg + 16 + 4*t));
         const float dwa = mk_f16((uint16_t) (h ? (x04 >> 16) : (x00 & 0xffff)));
         const float dwb = mk_f16((uint16_t) (h ? (y04 >> 16) : (y00 & 0xffff)));
         const float2 dq0 = *(const float2 *) (xq + (size_t) (c0 % cols)*cs + slot + 32);   // d, sum of q
@@ -164,19 +190,12 @@ static __device__ __forceinline__ void mv_mma_pair_i(const unsigned * p0, const 
                                                      size_t cs, int cols, int (&ci)[4]) {
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / 4, t = lane % 4;
-    const unsigned q00 = __funnelshift_r(p0[t], p0[t + 1], 16), q01 = p0[5 + t];
-    const unsigned q10 = __funnelshift_r(p1[t], p1[t + 1], 16), q11 = p1[5 + t];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const uint8_t * rg = xq + (size_t) (g % cols)*cs + (size_t) mk_rec_slot(2*p + h)*MK_XQ_REC;
-        const unsigned b0 = *(const unsigned *) (rg + 4*t);
-        const unsigned b1 = *(const unsigned *) (rg + 16 + 4*t);
-        const unsigned qa = h ? q01 : q00, qb = h ? q11 : q10;
-        const unsigned av[4] = { qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, (qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F };
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                     "{%0, %1, %2, %3};"
-                     : "+r"(ci[0]), "+r"(ci[1]), "+r"(ci[2]), "+r"(ci[3])
-                     : "r"(av[0]), "r"(av[1]), "r"(av[2]), "r"(av[3]), "r"(b0), "r"(b1));
+        unsigned av[4];
+        mv_afrag<false>(p0, p1, t, h, av);
+        mv_mma_k32<false>(ci, av, *(const unsigned *) (rg + 4*t), *(const unsigned *) (rg + 16 + 4*t));
     }
 }
 
@@ -300,6 +319,27 @@ static __device__ __forceinline__ void mv_cp_commit() { asm volatile("cp.async.c
 template <int N>
 static __device__ __forceinline__ void mv_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 
+// leaf i of a subtree's walk (value v) onto its stack of pending sums a, b, c (a binary counter's 3 levels: the
+// butterfly's ^16, ^8, ^4 steps); true after the last leaf (i == 7), with the subtree's sum in s
+static __device__ __forceinline__ bool mv_push_leaf(int i, float v, float & a, float & b, float & c, float & s) {
+    if (i % 2 == 0) {
+        a = v;
+        return false;
+    }
+    const float l1 = a + v;
+    if (i % 4 == 1) {
+        b = l1;
+        return false;
+    }
+    const float l2 = b + l1;
+    if (i == 3) {
+        c = l2;
+        return false;
+    }
+    s = c + l2;
+    return true;
+}
+
 // the 8 leaves k of a subtree in the butterfly's order: i's 3 bits reversed
 static __device__ __forceinline__ int mv_kord(int i) {
     return ((i & 1) << 2) | (i & 2) | ((i >> 2) & 1);
@@ -331,13 +371,6 @@ static __device__ __forceinline__ int mv_xstrip(int s, int nq, int & i, bool & l
 // below 2^24); one shift and one convert an output instead of a convert, a multiply and a subtract
 static constexpr int MV_QBUF = 16*4*4*4;   // bytes of a warp's transpose area: [16 rows][4 pairs][4 columns] ints
 
-static __device__ __forceinline__ void mv_mma_s8s8(int (&c)[4], const unsigned (&av)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%10, %11, %12, %13};"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(av[0]), "r"(av[1]), "r"(av[2]), "r"(av[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
-}
-
 // step q of mma-q for this lane: leaf (k, c = t)'s chain over its pair 4q + t, rows g, g + 8 (P[0], P[1]) x columns
 // m < M; first: round 0 of its leaf (the chain starts at zero); qb: the warp's transpose area
 static __device__ __forceinline__ void mv_quad_step(const unsigned * ra, const unsigned * rbw, int q, bool first,
@@ -358,14 +391,11 @@ static __device__ __forceinline__ void mv_quad_step(const unsigned * ra, const u
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-            const unsigned * p0 = ra + 9*c, * p1 = rbw + 9*c;
-            const unsigned qa = h ? p0[5 + t] : __funnelshift_r(p0[t], p0[t + 1], 16);
-            const unsigned qc = h ? p1[5 + t] : __funnelshift_r(p1[t], p1[t + 1], 16);
-            const unsigned av[4] = { ((qa << 4) & 0xF0F0F0F0) ^ 0x80808080, ((qc << 4) & 0xF0F0F0F0) ^ 0x80808080,
-                                     (qa & 0xF0F0F0F0) ^ 0x80808080, (qc & 0xF0F0F0F0) ^ 0x80808080 };
+            unsigned av[4];
+            mv_afrag<true>(ra + 9*c, rbw + 9*c, t, h, av);
             const uint8_t * rg = xq + (size_t) (g % cols)*cs + (size_t) mk_rec_slot(2*(4*q + c) + h)*MK_XQ_REC;
-            int cv[4];
-            mv_mma_s8s8(cv, av, *(const unsigned *) (rg + 4*t), *(const unsigned *) (rg + 16 + 4*t));
+            int cv[4] = {0, 0, 0, 0};
+            mv_mma_k32<true>(cv, av, *(const unsigned *) (rg + 4*t), *(const unsigned *) (rg + 16 + 4*t));
             if (t < 2) {   // columns 2t, 2t + 1 of rows g, g + 8: [row][c][column]
                 *(int2 *) (qb + (g*4 + c)*4 + 2*t)       = make_int2(cv[0], cv[1]);
                 *(int2 *) (qb + ((g + 8)*4 + c)*4 + 2*t) = make_int2(cv[2], cv[3]);
@@ -461,9 +491,10 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
     };
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int   ci[4]  = {0, 0, 0, 0};   // (mma-i)
-    float P[MV_AP][4], A[MV_AP][4], B[MV_AP][4], C[MV_AP][4];   // mma-x: leaf chains and the stacks' pending sums;
-                                                                // mma-q: [0..1][m] of its one leaf (rows g, g + 8)
-    int * qb = (int *) (sm + a.cols*w.cs + (size_t) MV_WARPS*MV_RING*(MV_AAREA + 8) + (size_t) w.wb*MV_QBUF);   // (mma-q)   // mma-x: leaf chains and the stacks' pending sums
+    // mma-x: leaf chains P and the stacks' pending sums (pair c, output o); mma-q: its one leaf's chain Q and stack
+    // A, B, C [0..1][m] (rows g, g + 8, column m), then A its sums
+    float P[MV_AP][4], A[MV_AP][4], B[MV_AP][4], C[MV_AP][4], Q[2][4];
+    int * qb = (int *) (sm + a.cols*w.cs + (size_t) MV_WARPS*MV_RING*(MV_AAREA + 8) + (size_t) w.wb*MV_QBUF);   // (mma-q)
     for (int f = 0; f < mine*nq; ++f) {
         const int s = f % nq;
         if (MODE == 2 ? s == 0 : f == 0) {
@@ -485,36 +516,18 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
             int i;
             bool last;
             const int q = mv_xstrip(s, nq, i, last);
-            float (&L)[2][4] = *(float (*)[2][4]) &P[0][0];   // (P[0..1]: the lane's leaf chain)
-            mv_quad_step(ra, rbw, q, q < 8, xq, w.cs, a.cols, a.M, qb, L);
+            mv_quad_step(ra, rbw, q, q < 8, xq, w.cs, a.cols, a.M, qb, Q);
             if (last) {
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
 #pragma unroll
                     for (int m = 0; m < 4; ++m) {
-                        const float v = L[r][m];
-                        const int o = 4*r + m;   // (A, B, C as [8] of the lane's outputs)
-                        float & pa = A[o / 4][o % 4];
-                        float & pb = B[o / 4][o % 4];
-                        float & pc = C[o / 4][o % 4];
-                        if (i % 2 == 0) {
-                            pa = v;
-                        } else {
-                            const float L1 = pa + v;
-                            if (i % 4 == 1) {
-                                pb = L1;
-                            } else {
-                                const float L2 = pb + L1;
-                                if (i == 3) {
-                                    pc = L2;
-                                } else {
-                                    // (i == 7) S of the lane's c, then the quad's butterfly: ^2, ^1 (dp4a's last steps)
-                                    float S = pc + L2;
-                                    S += __shfl_xor_sync(0xffffffff, S, 2);
-                                    S += __shfl_xor_sync(0xffffffff, S, 1);
-                                    pa = S;   // (the row's sum for column m, every lane of the quad)
-                                }
-                            }
+                        float S;
+                        if (mv_push_leaf(i, Q[r][m], A[r][m], B[r][m], C[r][m], S)) {
+                            // the lane's c summed: the quad's butterfly, ^2 then ^1 (dp4a's last steps), into A
+                            S += __shfl_xor_sync(0xffffffff, S, 2);
+                            S += __shfl_xor_sync(0xffffffff, S, 1);
+                            A[r][m] = S;
                         }
                     }
                 }
@@ -537,21 +550,9 @@ __global__ void __launch_bounds__(MK_THREADS) mv_mma_ring(const mv_args a) {
                 for (int o = 0; o < 4; ++o) {
 #pragma unroll
                     for (int c = 0; c < MV_AP; ++c) {
-                        const float L = P[c][o];
-                        if (i % 2 == 0) {
-                            A[c][o] = L;
-                        } else {
-                            const float L1 = A[c][o] + L;
-                            if (i % 4 == 1) {
-                                B[c][o] = L1;
-                            } else {
-                                const float L2 = B[c][o] + L1;
-                                if (i == 3) {
-                                    C[c][o] = L2;
-                                } else {
-                                    P[c][o] = C[c][o] + L2;   // (i == 7: S_c)
-                                }
-                            }
+                        float S;
+                        if (mv_push_leaf(i, P[c][o], A[c][o], B[c][o], C[c][o], S)) {
+                            P[c][o] = S;   // (i == 7: S_c)
                         }
                     }
                     if (i == 7) {
