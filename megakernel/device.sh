@@ -22,7 +22,8 @@
 #   at a rate set by the target's noise (synth_gpu.py --noise 1, rescaled in place by stage e2e), e2b-q4km / e4b-q4km = the
 #   e2b / e4b target requantized by llama-quantize to Q4_K_M (a Q4_K_M-like mix: Q4_K, Q6_K; stage build then also builds
 #   llama-quantize), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
-#     split -n 4 -d "$(.venv/bin/stq-metal model)" .dev/mk/g3.   # here, once: 4 pieces of < 61 MiB
+#     split -n 7 -d "$(.venv/bin/stq-metal model)" .dev/mk/g3.   # here, once: 7 pieces of 36 MB (a call carries the
+#                                                                 # tracked tree too, 28 MB today: 64 MiB in all)
 #     for each piece P: run("MK_PIECE=P bash megakernel/device.sh receive", carry=[P]) in quick succession
 #     (the machine keeps /tmp only while warm: 30 s between calls); the last call verifies the sha256.
 set -uo pipefail
