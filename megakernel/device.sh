@@ -23,7 +23,7 @@
 #   e2b / e4b target requantized by llama-quantize to Q4_K_M (a Q4_K_M-like mix: Q4_K, Q6_K; stage build then also builds
 #   llama-quantize), gemma3 = the real Gemma 3 270M, carried in pieces (stage receive):
 #     split -n 7 -d "$(.venv/bin/stq-metal model)" .dev/mk/g3.   # here, once: 7 pieces of 36 MB (a call carries the
-#                                                                 # tracked tree too, 28 MB today: 64 MiB in all)
+#                                                                 # tracked tree too, ~12 MB in session 40: 64 MiB in all)
 #     for each piece P: run("MK_PIECE=P bash megakernel/device.sh receive", carry=[P]) in quick succession
 #     (the machine keeps /tmp only while warm: 30 s between calls); the last call verifies the sha256.
 set -uo pipefail

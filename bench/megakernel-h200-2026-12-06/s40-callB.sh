@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 40, call B (warm, after s40-callA.sh and the 4 receive calls): the real Gemma 3 270M Q4_K_M on today's
+# Session 40, call B (warm, after s40-callA.sh and the 7 receive calls): the real Gemma 3 270M Q4_K_M on today's
 # megakernel, last measured in session 10 (H200: 785.6 vs the graph's 774.7 tok/s). Checks (stage test: teacher-forced
 # and greedy vs the graph, verify == decode, the planted barrier bug), speed (stage bench: megakernel vs graph AB/BA in
 # one process, verify cost M = 2..5, roofline, launches), block 0's per-phase profile, then the grid capped at
