@@ -125,17 +125,34 @@ stage_models() {
     done
 }
 
-GEMMA3_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  # FACTS.md
-GEMMA3_BYTES=253113024
-
 stage_receive() {
-    local part="$MODELS/gemma3.gguf.part"
-    cat "${MK_PIECE:-$DEV/mk/piece}" >> "$part" || return 1
-    local have
+    # the model's size and sha256 from the harness's one copy (harness/config.py)
+    local want_sha want_bytes have
+    read -r want_sha want_bytes < <(cd "$HERE" && python3 -c 'from harness import config; print(config.GEMMA_SHA256, config.GEMMA_SIZE)') \
+        || { echo "receive: cannot read the model's size and sha256 from $HERE/harness/config.py"; return 1; }
+    local piece="${MK_PIECE:-$DEV/mk/piece}" part="$MODELS/gemma3.gguf.part"
+    if [ -f "$MODELS/gemma3.gguf" ]; then
+        log "gemma3: already received ($MODELS/gemma3.gguf); $piece not used"
+        return 0
+    fi
+    [ -f "$piece" ] || { echo "receive: no piece at $piece (carry it and name it in MK_PIECE)"; return 1; }
+    cat "$piece" >> "$part" || { echo "receive: appending $piece to $part failed"; return 1; }
     have=$(stat -c %s "$part")
-    log "gemma3: $have of $GEMMA3_BYTES bytes"
-    if [ "$have" -ge "$GEMMA3_BYTES" ]; then
-        echo "$GEMMA3_SHA256  $part" | sha256sum -c --quiet && mv "$part" "$MODELS/gemma3.gguf" && log "gemma3 complete, sha256 ok"
+    log "gemma3: $have of $want_bytes bytes"
+    if [ "$have" -gt "$want_bytes" ]; then
+        rm -f "$part"
+        echo "receive: $have bytes after $piece, more than the model's $want_bytes (a piece sent twice?): $part removed;" \
+             "send every piece again, from the first"
+        return 1
+    fi
+    if [ "$have" -eq "$want_bytes" ]; then
+        if ! echo "$want_sha  $part" | sha256sum -c --quiet >/dev/null 2>&1; then
+            rm -f "$part"
+            echo "receive: the $have bytes received do not have the model's sha256 $want_sha (pieces out of order?):" \
+                 "$part removed; send every piece again, from the first"
+            return 1
+        fi
+        mv "$part" "$MODELS/gemma3.gguf" && log "gemma3 complete, sha256 ok"
     fi
 }
 

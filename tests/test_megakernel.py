@@ -874,3 +874,63 @@ def test_bench_megakernel_names_the_tensor_it_cannot_size(tmp_path, cpu_build):
                 RawTensor("token_embd.weight", (32, 4), 0, bytes(512))])
     with pytest.raises(HarnessError, match=r"bad\.gguf: tensor blk\.0\.attn_q\.weight \(type 2, ne \[33, 2\]\)"):
         weight_bytes_per_token(bad, cpu_build)
+
+
+def _receive(repo: Path, work: Path, piece: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MK_WORK=str(work), OUT=str(work / "out"), MK_PIECE=str(piece))
+    return subprocess.run(["bash", str(repo / "megakernel" / "device.sh"), "receive"], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_device_receive_assembles_the_model_and_refuses_bad_pieces_by_name(tmp_path, gemma_model):
+    """megakernel/device.sh's stage receive (the real Gemma 3 270M carried to the GPU machine in pieces): the pieces in
+    order make the model (its size and sha256 from harness/config.py); a piece sent twice, or pieces out of order, fail
+    with a message that says so, and the partial file is removed so that the next try starts clean."""
+    repo = tmp_path / "repo"   # device.sh and the harness alone: no .dev/ (nothing to unpack)
+    (repo / "megakernel").mkdir(parents=True)
+    shutil.copy(config.REPO_ROOT / "megakernel" / "device.sh", repo / "megakernel" / "device.sh")
+    shutil.copytree(config.REPO_ROOT / "harness", repo / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    data = gemma_model.read_bytes()
+    half = len(data)//2 - 7   # (pieces of unequal size; twice the first is still short of the model)
+    p0, p1 = tmp_path / "g3.00", tmp_path / "g3.01"
+    p0.write_bytes(data[:half])
+    p1.write_bytes(data[half:])
+    del data
+
+    def assembled(work: Path) -> Path:
+        return work / "models" / "gemma3.gguf"
+
+    def partial(work: Path) -> Path:
+        return work / "models" / "gemma3.gguf.part"
+
+    # in order: complete
+    w = tmp_path / "ok"
+    r = _receive(repo, w, p0)
+    assert r.returncode == 0 and f"{half} of {config.GEMMA_SIZE} bytes" in r.stdout, r.stdout + r.stderr
+    assert not assembled(w).exists()
+    r = _receive(repo, w, p1)
+    assert r.returncode == 0 and "gemma3 complete, sha256 ok" in r.stdout, r.stdout + r.stderr
+    assert assembled(w).stat().st_size == config.GEMMA_SIZE and not partial(w).exists()
+    # once there, a further piece changes nothing
+    r = _receive(repo, w, p0)
+    assert r.returncode == 0 and "already received" in r.stdout
+    assert assembled(w).stat().st_size == config.GEMMA_SIZE
+
+    # out of order: the right size, the wrong sha256
+    w = tmp_path / "swapped"
+    assert _receive(repo, w, p1).returncode == 0
+    r = _receive(repo, w, p0)
+    assert r.returncode != 0 and "sha256" in r.stdout and "out of order" in r.stdout, r.stdout + r.stderr
+    assert not assembled(w).exists() and not partial(w).exists()
+
+    # a piece twice: too many bytes
+    w = tmp_path / "twice"
+    assert _receive(repo, w, p0).returncode == 0
+    assert _receive(repo, w, p0).returncode == 0   # (2*half bytes: not yet past the model's size)
+    r = _receive(repo, w, p1)
+    assert r.returncode != 0 and "more than the model's" in r.stdout and "sent twice" in r.stdout, r.stdout + r.stderr
+    assert not assembled(w).exists() and not partial(w).exists()
+
+    # no piece where MK_PIECE points: named
+    r = _receive(repo, tmp_path / "none", tmp_path / "missing.00")
+    assert r.returncode != 0 and "missing.00" in r.stdout

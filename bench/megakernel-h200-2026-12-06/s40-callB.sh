@@ -4,6 +4,7 @@
 # and greedy vs the graph, verify == decode, the planted barrier bug), speed (stage bench: megakernel vs graph AB/BA in
 # one process, verify cost M = 2..5, roofline, launches), block 0's per-phase profile, then the grid capped at
 # 132 / 66 / 33 / 16 blocks (LLAMA_MEGAKERNEL_GRID; a small model's phases are latency: fewer blocks, cheaper barriers?).
+# (The grid loop below names device.sh's default work folders itself; s40-callD.sh goes through device.sh instead.)
 #   run(command="bash bench/megakernel-h200-2026-12-06/s40-callB.sh", carry=[".dev/cuda"], timeout_s=480)
 export MK_MODELS=gemma3 MK_TEST_N=160 MK_PROF_LINES=60
 bash megakernel/device.sh test bench profile
