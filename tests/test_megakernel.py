@@ -748,7 +748,7 @@ def test_device_script_makes_the_q4km_models_with_llama_quantize(tmp_path):
                     "[ -n \"$FAIL_Q\" ] && exit 3\necho q4km > \"$3\"\n")
     fake.chmod(0o755)
     script = (MK / "device.sh").read_text()
-    body = script[script.index("set -uo pipefail"):script.index("GEMMA3_SHA256=")]
+    body = script[script.index("set -uo pipefail"):script.index("stage_receive() {")]
     driver = tmp_path / "drive.sh"
     driver.write_text(body + "\nstage_models\n")
     env = {**os.environ, "MK_WORK": str(work), "OUT": str(tmp_path / "out"), "MK_MODELS": "e4b-q4km", "MK_JOBS": "2"}
