@@ -184,16 +184,23 @@ def sass_report(cubin: Path) -> dict[str, dict]:
     if r.returncode != 0:
         raise HarnessError(f"nvdisasm {cubin} failed:\n{r.stderr[-2000:]}")
     funcs: dict[str, list[tuple[int, str]]] = {}
-    kernel_of: dict[str, str] = {}   # the kernel whose text section holds the function (its labels: $kernel$function)
+    # the kernel whose text section holds the function: the section's name (.text.KERNEL), else the label's first part
+    # ($kernel$function); nvcc's own helpers in a kernel's section ($__internal_0_$__cuda_sm20_div_s64) are that kernel's
+    kernel_of: dict[str, str] = {}
+    section = None
     labels: dict[str, int] = {}
     pending: list[str] = []
     cur = None
     for line in r.stdout.splitlines():
         t = line.strip()
+        m = re.match(r"^\.section\s+\.text\.([^,\s]+)", t)
+        if m:
+            section = m.group(1)
+            continue
         m = re.match(r"^(\$?[A-Za-z_][\w$.]*):$", t)
         if m and not t.startswith(".L") and not t.startswith(".text"):
             cur = m.group(1).split("$")[-1] or m.group(1)
-            kernel_of[cur] = [p for p in m.group(1).split("$") if p][0]
+            kernel_of[cur] = section or [p for p in m.group(1).split("$") if p][0]
             funcs.setdefault(cur, [])
             continue
         m = re.match(r"^(\.L_x_\d+):", t)

@@ -804,6 +804,40 @@ def test_cuda_toolkit_ncu_samples_per_function(tmp_path):
         cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "s.csv.gz", "nokern", rows), report)
 
 
+def test_cuda_toolkit_sass_report_keeps_nvcc_helpers_in_their_kernel(tmp_path, monkeypatch):
+    """sass_report: a helper nvcc puts into a kernel's text section (`$__internal_0_$__cuda_sm20_div_s64`, from a 64-bit
+    division) belongs to that kernel, as the section says, not to a kernel named after the label's first part. Else
+    ncu_by_function took a page of the same build, whose code runs on into the helper, for another build's (session 41:
+    the real Gemma 3 270M's page, 1408 bytes of the helper past the last device function)"""
+    listing = "\n".join([
+        "\t.section\t.text._Z4kernv,\"ax\",@progbits",
+        "_Z4kernv:",
+        ".text._Z4kernv:",
+        "        /*0000*/                   IMAD R1, R2, R3, RZ ;",
+        "        /*0010*/                   CALL.REL.NOINC `($_Z4kernv$_Z3devv) ;",
+        "        /*0020*/                   EXIT ;",
+        "$_Z4kernv$_Z3devv:",
+        "        /*0030*/                   CALL.REL.NOINC `($__internal_0_$__cuda_sm20_div_s64) ;",
+        "        /*0040*/                   RET.REL.NODEC R20 `(_Z4kernv) ;",
+        "$__internal_0_$__cuda_sm20_div_s64:",
+        "        /*0050*/                   IMAD.HI.U32 R5, R5, R10, RZ ;",
+        "        /*0060*/                   RET.REL.NODEC R4 `(_Z4kernv) ;",
+        ""])
+
+    class Done:
+        returncode, stdout, stderr = 0, listing, ""
+    monkeypatch.setattr(cuda_toolkit, "ensure_nvdisasm", lambda: Path("nvdisasm"))
+    monkeypatch.setattr(cuda_toolkit.subprocess, "run", lambda *a, **k: Done())
+    report = cuda_toolkit.sass_report(tmp_path / "k.cubin")
+    assert {n: (f["kernel"], f["start"], f["end"]) for n, f in report.items()} == {
+        "_Z4kernv": ("_Z4kernv", 0x0, 0x20), "_Z3devv": ("_Z4kernv", 0x30, 0x40),
+        "__cuda_sm20_div_s64": ("_Z4kernv", 0x50, 0x60)}
+    rows = [(0x00, "IMAD R1", 5, 10, 0, 5), (0x10, "CALL", 0, 10, 0, 0), (0x20, "EXIT", 0, 10, 0, 0),
+            (0x30, "CALL", 1, 10, 1, 0), (0x40, "RET", 0, 10, 0, 0), (0x50, "IMAD.HI", 4, 10, 4, 0), (0x60, "RET", 0, 10, 0, 0)]
+    res = cuda_toolkit.ncu_by_function(_ncu_page(tmp_path / "p.csv.gz", "kern", rows), report)
+    assert {a["function"]: a["samples"] for a in res} == {"_Z4kernv": 5, "_Z3devv": 1, "__cuda_sm20_div_s64": 4}
+
+
 def test_bench_megakernel_weight_bytes_agree_with_gguf_py(cpu_build, gemma_model, synth_f16_target):
     """The roofline's bytes a token (decode_phases over the layout reader and the build's type traits) against an
     independent count with gguf-py's reader: every matrix of the file except the embedding tables a step only looks
