@@ -259,6 +259,10 @@ enum mk_phase {
     MK_PH_STAGE,
     MK_PH_WAIT,    // grid barrier waits (block 0 done until all blocks are)
     MK_PH_ONCE,    // a plain mat-vec's inputs rounded once for the grid, each block its slice (mk_stage_once)
+    MK_PH_AT_PRO,   // the attention's block-per-(token, head, group) way, before MK_PH_AT_CHUNKS: from the phase's start
+    MK_PH_AT_WARP0, //   to its first unit (the layer's and the step's fields, the checks), warp 0's own chunks (with
+                    //   GGML_MK_VAR_FOLD_HEADS also the fold's Q and K/V rows); MK_PH_AT_CHUNKS then keeps the block's
+                    //   barrier (its other warps' chunks)
     MK_PH_COUNT,
 };
 
@@ -2738,6 +2742,8 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         for (int u = blockIdx.x; u < M*L.n_head*ng; u += gridDim.x) {
             const int mh = u / ng;   // (a (token, head)'s groups go to consecutive blocks)
             const int g  = u - mh*ng;
+            unsigned long long * prof = u == (int) blockIdx.x ? a.prof : nullptr;   // (the profile: block 0's first unit)
+            mk_prof_at(prof, MK_PH_AT_PRO);
             if constexpr (FOLD) {
                 const int m   = mh / L.n_head;
                 const int h   = mh % L.n_head;
@@ -2768,8 +2774,8 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 chunk(mh, ck, mx, l, a0, a1);
                 put(slots + (size_t) (ck - k0)*PS, mx, l, a0, a1);
             }
+            mk_prof_at(prof, MK_PH_AT_WARP0);   // (thread 0: warp 0's own chunks done; the rest waits for the other warps)
             __syncthreads();
-            unsigned long long * prof = u == (int) blockIdx.x ? a.prof : nullptr;   // (the profile: block 0's first unit)
             mk_prof_at(prof, MK_PH_AT_CHUNKS);
             if (!(a.flags & GGML_MK_VAR_WARP_COMBINE)) {
                 // the whole block combines (combine_blk: the same bits as warp 0's combine below)

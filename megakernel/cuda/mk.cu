@@ -96,7 +96,7 @@ static const char * const mk_phase_names[] = {
     "attention", "o proj", "gate/up", "down", "per-layer gate", "per-layer proj+", "lm head", "attention (global)",
     "(staging: rms of h)", "(staging: loads)", "(staging: norm)", "(staging: 8-bit)",
     "(attention: chunks)", "(attention: combine)", "(attention: groups)", "(staging: rest)",
-    "(barrier waits, all)", "staging once (slices)",
+    "(barrier waits, all)", "staging once (slices)", "(attention: prologue)", "(attention: warp 0's chunks)",
 };
 static_assert(sizeof(mk_phase_names)/sizeof(mk_phase_names[0]) == MK_PH_COUNT, "a name for every phase tag (enum mk_phase)");
 
