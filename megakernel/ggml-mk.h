@@ -197,6 +197,12 @@ struct ggml_mk_model {
                                               // for its rms 1 slot a thread per round, not 2 (E4B's rows of 2560: 2 round
                                               // trips, not 1); the same bits. 2 a round: verify kernels of 2..4 tokens
                                               // 0.982-0.984x (H100, session 34)
+#define GGML_MK_VAR_CHUNK4            ((int32_t) 0x80000000u) // attention chunks of 4 cells (ggml_mk_att_chunk; contexts up to
+                                              // 4096 cells) taken 4 cells a step (CPI) by the head-dim-256 block-per-(token,
+                                              // head, group) attention: half the serial instructions a warp, twice the warps
+                                              // (a lone warp's chunk body is ~1450 SASS instructions, ~5.6 us of the 270M's
+                                              // 13 us attention phase: NOTES.md session 41); other bits (the chunks'
+                                              // combine order), lossless alike
 
 // ---- the fused MTP draft (issue 14): k steps of a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) in one launch ----
 //
@@ -250,9 +256,10 @@ struct ggml_mk_step {
     void * logits_dev;
 };
 
-// the attention chunk for a context of n_ctx cells: 8 cells, doubled until at most 1024 chunks
-static inline int32_t ggml_mk_att_chunk(int32_t n_ctx) {
-    int32_t c = 8;
+// the attention chunk for a context of n_ctx cells: 8 cells (4 with the kernel variant GGML_MK_VAR_CHUNK4 in flags),
+// doubled until at most 1024 chunks
+static inline int32_t ggml_mk_att_chunk(int32_t n_ctx, int32_t flags) {
+    int32_t c = (flags & GGML_MK_VAR_CHUNK4) ? 4 : 8;
     while ((int64_t) c*1024 < n_ctx) {
         c *= 2;
     }
@@ -344,7 +351,7 @@ static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, struct gg
     m->kq_scale    = d->kq_scale;
     m->debug_flags = d->debug_flags;
     m->n_ctx       = d->n_ctx;
-    m->att_chunk   = ggml_mk_att_chunk(d->n_ctx);
+    m->att_chunk   = ggml_mk_att_chunk(d->n_ctx, 0);   // (the decode kernel's variant GGML_MK_VAR_CHUNK4 is not the draft's)
     m->output      = d->output;
     m->output_norm = d->output_norm;
     for (int il = 0; il < d->n_layer; ++il) {

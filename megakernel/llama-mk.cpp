@@ -450,7 +450,7 @@ llama_mk_ptr llama_mk_init(const llama_model & model, const llama_cparams & cpar
     p.kq_scale    = is_g4 ? hp.f_attention_scale : 1.0f;
     p.n_embd_pl   = is_g4 ? (int32_t) hp.n_embd_per_layer : 0;
     p.n_ctx       = (int32_t) cparams.n_ctx;
-    p.att_chunk   = ggml_mk_att_chunk(p.n_ctx);
+    p.att_chunk   = ggml_mk_att_chunk(p.n_ctx, llama_mk_env_flags(false));
     // several streams laid end to end (llama_mk_decode): V not transposed (llama_context stores it transposed without
     // flash attention), and every stream's cells (n_ctx_seq; the sliding-window caches: multiples of 256) a multiple
     // of the attention chunk

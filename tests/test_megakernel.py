@@ -198,7 +198,11 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             # once for the grid (mk_stage_once: each block rounds its slice to records in global memory, a grid barrier,
             # every block copies them), bitwise the default's, which stages them in every block on this model (its
             # widths stay below mk_once_on's bound), in one-token steps and verify batches in passes of 2 columns
-            "0x200": ["--verify", "2,3,4,5,8", "--variant", "0x200", "--vs-default"]}
+            "0x200": ["--verify", "2,3,4,5,8", "--variant", "0x200", "--vs-default"],
+            # 0x80000000 (GGML_MK_VAR_CHUNK4): the attention's chunks taken 4 cells a step. The emulation's chunks are
+            # 4 cells already (mk_ref.h), so the code made for 4 cells a step must give the bits of the default's 8 (the
+            # same cells, in the same order); on a GPU the variant also halves the chunk (ggml_mk_att_chunk): other bits
+            "0x80000000": ["--verify", "2,3,4,5,8", "--variant", "0x80000000", "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -550,6 +554,46 @@ def test_cuda_kernel_on_host_heads_fold_planted_bug_fails(tmp_path, cpu_build, b
                        capture_output=True, text=True, timeout=900)
     print(r.stdout[-2000:])
     assert r.returncode != 0 and re.search(r"^FAIL ", r.stdout, re.M), f"planted bug {bug} went unnoticed:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_chunk4_variant_runs_its_own_attention(tmp_path, cpu_build):
+    """GGML_MK_VAR_CHUNK4 takes its own instantiation (mk_attention_c4): with that function emptied (no attention
+    written), the variant's run must fail, so the bitwise agreement of EMU_RUNS["0x80000000"] is not the default code's
+    agreement with itself"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, "return mk_attention<4, true, false, 4>(a, il, M, sm);",
+                              "return true;   /* planted: nothing done */")
+    r = subprocess.run([str(exe), "--variant", "0x80000000", "--vs-default"], capture_output=True, text=True, timeout=900)
+    print(r.stdout[-2000:])
+    assert r.returncode != 0 and re.search(r"^FAIL ", r.stdout, re.M), f"the emptied chunk-4 attention went unnoticed:\n{r.stdout[-3000:]}"
+
+
+def test_att_chunk_of_the_chunk4_variant(tmp_path):
+    """ggml_mk_att_chunk (ggml-mk.h, compiled here): 8 cells, 4 with GGML_MK_VAR_CHUNK4, doubled until at most 1024
+    chunks cover the context, so every context keeps within MK_CH_MAX = 1024 chunks"""
+    prog = """#include <cstdio>
+#include <cstdint>
+#include "ggml-mk.h"
+int main() {
+    const int32_t ctx[] = {256, 4096, 4097, 8192, 32768, 131072};
+    for (int32_t n : ctx) {
+        printf("%d %d %d\\n", n, ggml_mk_att_chunk(n, 0), ggml_mk_att_chunk(n, GGML_MK_VAR_CHUNK4));
+    }
+    printf("%d\\n", (int) (GGML_MK_VAR_CHUNK4 & ~0xff) == (int) GGML_MK_VAR_CHUNK4);
+}
+"""
+    src = tmp_path / "c.cpp"
+    src.write_text(prog)
+    exe = tmp_path / "c"
+    r = subprocess.run([cxx(), "-std=c++17", f"-I{MK}", str(src), "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    rows = {int(a): (int(b), int(c)) for a, b, c in (line.split() for line in out[:6])}
+    for n, (c8, c4) in rows.items():
+        for c, first in ((c8, 8), (c4, 4)):
+            assert c >= first and c*1024 >= n and (c == first or (c//2)*1024 < n), (n, c8, c4)
+    assert rows[256] == (8, 4) and rows[4096] == (8, 4) and rows[4097] == (8, 8) and rows[131072] == (128, 128)
+    # the bit survives llama_mk_env_flags's mask of LLAMA_MEGAKERNEL_VARIANT (& ~0xff: the low byte is planted bugs)
+    assert out[6] == "1"
 
 
 def test_cuda_sources_compile_for_sm90(cpu_build):

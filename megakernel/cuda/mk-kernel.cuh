@@ -2363,10 +2363,11 @@ MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
 // after a block barrier: a block reads no cell of the step that it did not write itself (the other blocks of the kv head
 // write the same bits to the same cells), so no grid barrier is needed in between; later layers sharing this cache and
 // later steps read them after the grid barriers as before)
-template <int NP, bool BLK, bool FOLD = false>
+// CPI_: cells a step (0: the default for NP; GGML_MK_VAR_CHUNK4's instantiation takes 4)
+template <int NP, bool BLK, bool FOLD = false, int CPI_ = 0>
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     static_assert(!FOLD || BLK, "the fold is the block-per-(token, head) way's");
-    constexpr int CPI = NP > 4 ? 2 : 8;   // cells per step (registers: K and V of CPI cells)
+    constexpr int CPI = CPI_ > 0 ? CPI_ : (NP > 4 ? 2 : 8);   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
@@ -2851,6 +2852,11 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     return true;
 }
 
+// the block-per-(token, head, group) attention of head dim <= 256 with 4 cells a step (GGML_MK_VAR_CHUNK4; one call site)
+MK_DEVICE_FN bool mk_attention_c4(const mk_args & a, int il, int M, float * sm) {
+    return mk_attention<4, true, false, 4>(a, il, M, sm);
+}
+
 // the attention with the heads phase folded in (one call site in the kernel body: each call site costs it stack)
 MK_DEVICE_FN void mk_attention_fold(const mk_args & a, int il, int M, float * sm) {
     if (a.m->layers[il].head_dim <= 256) {
@@ -3194,7 +3200,9 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
         if (fold) {
             mk_attention_fold(a, il, M, xs);
         } else if (L.head_dim <= 256) {
-            if ((a.flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<4, true>(a, il, M, xs)) {
+            const bool blk = !(a.flags & GGML_MK_VAR_DEVICE_ATT) &&
+                             ((a.flags & GGML_MK_VAR_CHUNK4) ? mk_attention_c4(a, il, M, xs) : mk_attention<4, true>(a, il, M, xs));
+            if (!blk) {
                 mk_attention<4, false>(a, il, M, xs);
             }
         } else {
