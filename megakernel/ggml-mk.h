@@ -351,7 +351,7 @@ static inline void ggml_mk_draft_model(const struct ggml_mk_draft * d, struct gg
     m->kq_scale    = d->kq_scale;
     m->debug_flags = d->debug_flags;
     m->n_ctx       = d->n_ctx;
-    m->att_chunk   = ggml_mk_att_chunk(d->n_ctx, 0);   // (the decode kernel's variant GGML_MK_VAR_CHUNK4 is not the draft's)
+    m->att_chunk   = ggml_mk_att_chunk(d->n_ctx, 0);   // (chunks of 8 also under GGML_MK_VAR_CHUNK4: 4 cells a step, 2 steps)
     m->output      = d->output;
     m->output_norm = d->output_norm;
     for (int il = 0; il < d->n_layer; ++il) {
