@@ -200,7 +200,7 @@ struct ggml_mk_model {
 #define GGML_MK_VAR_CHUNK4            ((int32_t) 0x80000000u) // attention chunks of 4 cells (ggml_mk_att_chunk; contexts up to
                                               // 4096 cells) taken 4 cells a step (CPI) by the head-dim-256 block-per-(token,
                                               // head, group) attention: half the serial instructions a warp, twice the warps
-                                              // (a lone warp's chunk body is ~1450 SASS instructions, ~5.6 us of the 270M's
+                                              // (a lone warp's chunk body is ~1450 SASS instructions, ~5.5 us of the 270M's
                                               // 13 us attention phase: NOTES.md session 41); other bits (the chunks'
                                               // combine order), lossless alike
 

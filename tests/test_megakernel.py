@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -1012,3 +1013,30 @@ def test_device_receive_assembles_the_model_and_refuses_bad_pieces_by_name(tmp_p
     # no piece where MK_PIECE points: named
     r = _receive(repo, tmp_path / "none", tmp_path / "missing.00")
     assert r.returncode != 0 and "missing.00" in r.stdout
+
+
+def test_ncu_rows_groups_a_function_by_execution_count(tmp_path):
+    """bench/megakernel-sass/ncu-rows.py --by-count A-B: rows A..B of an ncu source page grouped by how often each ran
+    (a prologue every warp runs apart from a body only the working warps run), each group's samples, samples an
+    execution and its stall reasons in shares of its samples (the 'Not Issued' columns left out); rows outside A..B
+    count nowhere"""
+    import csv as _csv
+    import gzip as _gzip
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_long_sb",
+            "stall_wait", "stall_long_sb (Not Issued)"]
+    rows = [("0x10", "LDG", 60, 1000, 45, 15, 7), ("0x20", "ISETP", 20, 1000, 20, 0, 7), ("0x30", "FFMA", 9, 30, 0, 9, 7),
+            ("0x40", "FFMA", 3, 30, 0, 3, 7), ("0x50", "EXIT", 500, 30, 0, 500, 7)]
+    page = tmp_path / "p.csv.gz"
+    with _gzip.open(page, "wt", newline="") as fh:
+        w = _csv.writer(fh, quoting=_csv.QUOTE_ALL)
+        w.writerow(["Kernel Name", "kern(args)", ""])
+        w.writerow(head)
+        for r in rows:
+            w.writerow([f"{r[0]}", r[1], f"{r[2]:,}", f"{r[3]:,}", *r[4:]])
+    script = Path(__file__).resolve().parents[1] / "bench" / "megakernel-sass" / "ncu-rows.py"
+    r = subprocess.run([sys.executable, str(script), str(page), "--top", "0", "--by-count", "0-3"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("executed")]
+    assert lines == ["executed     1000 times:     2 rows,     80 samples, 0.080 an execution; long_sb 81 %, wait 19 %",
+                     "executed       30 times:     2 rows,     12 samples, 0.400 an execution; wait 100 %, long_sb 0 %"], r.stdout

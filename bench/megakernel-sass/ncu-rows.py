@@ -5,7 +5,11 @@ CSV) the sampling interval, so that samples per execution become time: one sampl
 SM's W resident warps each time, so a warp's sample stands for ~W*N cycles of that warp.
 
     python3 bench/megakernel-sass/ncu-rows.py bench/megakernel-h200-2026-12-04/s29C-ncu-sass.csv.gz \
-        --raw bench/megakernel-h200-2026-12-04/s29C-ncu-raw.csv.gz [--top 40] [--rows 7716-7886]
+        --raw bench/megakernel-h200-2026-12-04/s29C-ncu-raw.csv.gz [--top 40] [--rows 7716-7886] [--by-count 7249-13282]
+
+--by-count A-B groups rows A..B (e.g. one device function's: `harness.cuda_toolkit --sass --ncu` names them) by how
+often each ran: code run by every warp (a prologue) apart from code run only by the warps with work (a chunk body),
+each group's samples per execution as time and its top stall reasons.
 """
 import argparse
 import csv
@@ -31,6 +35,8 @@ def main():
     ap.add_argument("--raw", help="the same launch's raw-metrics CSV: sampling interval, duration, clock")
     ap.add_argument("--top", type=int, default=40, help="rows with the most long-scoreboard samples (default 40)")
     ap.add_argument("--rows", action="append", default=[], help="A-B: also sum the samples of rows A..B (repeatable)")
+    ap.add_argument("--by-count", action="append", default=[],
+                    help="A-B: rows A..B grouped by their execution count (repeatable)")
     ap.add_argument("--warps", type=int, default=16, help="resident warps per SM (default 16: one 512-thread block)")
     a = ap.parse_args()
     t = rows_of(a.source)
@@ -66,6 +72,23 @@ def main():
         per = f", {s/ex*us_per_sample:.2f} us a warp per execution" if us_per_sample and ex else ""
         print(f"rows {lo}-{hi}: {s:.0f} samples ({s/total*100:.2f} %), long scoreboard "
               f"{sum(num(r[LSB]) for r in part):.0f}, executed up to {ex:.0f} times{per}")
+    stall = [(h[len("stall_"):], i) for h, i in ix.items() if h.startswith("stall_") and "Not Issued" not in h]
+    for span in a.by_count:
+        lo, hi = (int(x) for x in span.split("-"))
+        groups = {}
+        for r in data[lo:hi + 1]:
+            g = groups.setdefault(num(r[EX]), {"rows": 0, "samples": 0.0, "stalls": {}})
+            g["rows"] += 1
+            g["samples"] += num(r[S])
+            for k, i in stall:
+                g["stalls"][k] = g["stalls"].get(k, 0.0) + num(r[i])
+        print(f"rows {lo}-{hi} by execution count (the groups with the most samples):")
+        for ex, g in sorted(groups.items(), key=lambda kv: -kv[1]["samples"])[:8]:
+            per = g["samples"]/ex if ex else 0.0
+            t = f", {per*us_per_sample:.2f} us a warp per execution" if us_per_sample and ex else ""
+            top = ", ".join(f"{k} {v/g['samples']*100:.0f} %" for k, v in
+                            sorted(g["stalls"].items(), key=lambda kv: -kv[1])[:4]) if g["samples"] else ""
+            print(f"  executed {ex:8.0f} times: {g['rows']:5d} rows, {g['samples']:6.0f} samples, {per:.3f} an execution{t}; {top}")
 
 
 if __name__ == "__main__":
