@@ -15,7 +15,8 @@
 #   side, MK_VCOST_SIDES), ab (two builds A/B, MK_AB_BASE: see stage_ab; last). Logs and results under $OUT (every stage tees its full output there).
 # Environment: MK_CHECK_ARGS (check: extra nvcc options),
 #   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
-#   against the default megakernel and timed against it AB/BA in the same process), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
+#   against the default megakernel and timed against it AB/BA in the same process; MK_VARIANT_OTHER_BITS=1 for a variant
+#   whose bits differ by design, e.g. 0x80000000: then checked within NMSE 1e-3 and by argmax), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), small-h = F16 with an assistant that reads the target's hidden state strongly, e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
 #   GPU (megakernel/synth_gpu.py), e2b-mtp / e4b-mtp = the same shapes as a structured pair whose drafts are accepted
@@ -183,7 +184,7 @@ stage_bench() {
     for m in ${MK_MODELS:-small}; do
         log "speed on $m"
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 8 --rounds "${MK_ROUNDS:-6}" --bench-n "${MK_BENCH_N:-64}" --max-nmse 10 --max-disagree 100 --verify-cost \
-            ${MK_VARIANT:+--variant "$MK_VARIANT"} 2>&1 | tee "$WORK/bench-run.log" | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk|variant" | tail -10
+            ${MK_VARIANT:+--variant "$MK_VARIANT"} ${MK_VARIANT_OTHER_BITS:+--variant-other-bits} 2>&1 | tee "$WORK/bench-run.log" | tee -a "$OUT/bench.log" | grep -E "speed|verify cost|model size|test-mk:|llama_mk|variant" | tail -10
         # issue 12's report of the run: the weight-read roofline and the launches per token (harness/bench_megakernel.py)
         (cd "$HERE" && PYTHONPATH="$HERE" python3 -m harness.bench_megakernel --build "$BLD" --model "$(model_path "$m")" \
             --log "$WORK/bench-run.log") 2>&1 | grep -iE "roofline|launches|error" | tee -a "$OUT/bench.log"

@@ -701,6 +701,28 @@ def test_test_mk_short_checks_for_the_sanitizer(tmp_path, cpu_build, gemma_model
     assert bad.returncode == 2 and "--verify-max 9" in bad.stderr, bad.stderr
 
 
+def test_test_mk_variant_other_bits_is_judged_by_closeness(tmp_path, cpu_build, gemma_model):
+    """--variant BITS --variant-other-bits (device.sh bench with MK_VARIANT_OTHER_BITS=1): a variant whose bits differ by
+    design (GGML_MK_VAR_CHUNK4) is held within NMSE 1e-3 of the default and to its argmax, not bit for bit, and says so.
+    On the CPU build the megakernel is off in every context, so the variant's logits are the default's: 0 differ, ok;
+    without the option the same run prints the bitwise line."""
+    exe = _build_test_mk(tmp_path, cpu_build)
+    env = dict(os.environ, GGML_CPU_BATCH_INVARIANT="32")
+    base = [str(exe), "-m", str(gemma_model), "-n", "3", "--rounds", "0", "-c", "256", "--verify-max", "2",
+            "--hidden-batches", "0", "--variant", "0x80000000"]
+    r = subprocess.run(base + ["--variant-other-bits"], capture_output=True, text=True, timeout=600, env=env)
+    out = r.stdout + r.stderr
+    assert re.search(r"^variant 0x80000000 ~ default megakernel \(other bits by design\), 3 teacher-forced steps: 0 differ, "
+                     r"NMSE max 0, argmax disagreements 0 \(0 at a top-2 margin >= 1e-3\): ok$", out, re.M), out[-3000:]
+    assert "== default megakernel (bitwise)" not in out, out[-3000:]
+    assert r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
+    r = subprocess.run(base, capture_output=True, text=True, timeout=600, env=env)
+    out = r.stdout + r.stderr
+    assert re.search(r"^variant 0x80000000 == default megakernel \(bitwise\), 3 teacher-forced steps: 0 differ: ok$", out,
+                     re.M), out[-3000:]
+    assert r.returncode == 0, out[-3000:]
+
+
 # --- on a GPU ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

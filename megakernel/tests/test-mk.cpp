@@ -16,7 +16,10 @@
 //     the CPU than the graph is (mean NMSE more than 2x the graph's + 1e-6);
 //  6. with --variant BITS: a third context C, the megakernel with LLAMA_MEGAKERNEL_VARIANT=BITS (a
 //     candidate kernel change, ggml-mk.h GGML_MK_VAR_*): its logits must equal A's bit for bit over the
-//     teacher-forced steps, and its speed is measured against A's (AB/BA, median of paired ratios).
+//     teacher-forced steps, and its speed is measured against A's (AB/BA, median of paired ratios). With
+//     --variant-other-bits (a variant whose arithmetic differs by design, e.g. GGML_MK_VAR_CHUNK4's attention chunks):
+//     its logits must be within NMSE 1e-3 of A's at every step (rounding-order differences; a wrong attention gives ~1)
+//     and its argmax A's (a disagreement is allowed only where A's top-2 margin is below 1e-3), instead of bit for bit.
 //  7. gemma4 models: the hidden states an MTP draft reads (llama_set_embeddings_nextn: rmsnorm(x)*output_norm, the
 //     LM head's input) over teacher-forced batches of M = 1..4 tokens, every token's row (unmasked) and the output
 //     rows only (masked): megakernel vs graph, NMSE per row <= --max-nmse; on A, a batch's rows equal those of its
@@ -202,7 +205,7 @@ int main(int argc, char ** argv) {
     int n_steps = 128, fa = 0, rounds = 6, bench_n = 64, n_ctx = 2048, max_disagree = -1;
     double max_nmse = 1e-4;
     int verify_max = 8, hidden_batches = -1;
-    bool verify_cost = false, cpu_ref = false;
+    bool verify_cost = false, cpu_ref = false, variant_other_bits = false;
     std::string variant;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -219,9 +222,10 @@ int main(int argc, char ** argv) {
         else if (a == "--verify-cost") verify_cost = true;
         else if (a == "--cpu-ref") cpu_ref = true;
         else if (a == "--variant") variant = next();
+        else if (a == "--variant-other-bits") variant_other_bits = true;
         else if (a == "--verify-max") verify_max = std::stoi(next());
         else if (a == "--hidden-batches") hidden_batches = std::stoi(next());
-        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost] [--cpu-ref] [--variant BITS] [--verify-max V (2..8)] [--hidden-batches N]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s -m MODEL [-p PROMPT] [-n N] [--fa 0|1] [--rounds R] [--bench-n T] [-c N_CTX] [--max-nmse X] [--max-disagree N] [--verify-cost] [--cpu-ref] [--variant BITS [--variant-other-bits]] [--verify-max V (2..8)] [--hidden-batches N]\n", argv[0]); return 2; }
     }
     if (verify_max < 2 || verify_max > 8) {
         fprintf(stderr, "test-mk: --verify-max %d: the verify check takes batches of 2..8 tokens\n", verify_max);
@@ -441,18 +445,33 @@ int main(int argc, char ** argv) {
         ctx_t C = make_ctx(model, true, n_ctx, fa, variant);
         prefill(A, prompt);
         prefill(C, prompt);
-        int rows_diff = 0;
+        int rows_diff = 0, disagree = 0, bad_disagree = 0;
+        double worst = 0;
         for (int s = 0; s < n_steps; ++s) {
             const float * la = llama_get_logits_ith(A.ctx, -1);
             const float * lc = llama_get_logits_ith(C.ctx, -1);
             rows_diff += memcmp(la, lc, nv*sizeof(float)) != 0;
+            worst = std::max(worst, nmse(lc, la, nv));
             const int t = argmax(la, nv);
+            if (argmax(lc, nv) != t) {
+                ++disagree;
+                bad_disagree += margin(la, nv) >= 1e-3f;
+            }
             step(A, t, np + s);
             step(C, t, np + s);
         }
-        printf("variant %s == default megakernel (bitwise), %d teacher-forced steps: %d differ: %s\n", variant.c_str(), n_steps,
-               rows_diff, rows_diff == 0 ? "ok" : "FAIL");
-        fails += rows_diff != 0;
+        if (variant_other_bits) {
+            // other bits by design: as close to the default as the bound, and the same greedy choices where they are clear
+            const bool ok = worst <= 1e-3 && bad_disagree == 0;
+            printf("variant %s ~ default megakernel (other bits by design), %d teacher-forced steps: %d differ, NMSE max %.3g, "
+                   "argmax disagreements %d (%d at a top-2 margin >= 1e-3): %s\n", variant.c_str(), n_steps, rows_diff, worst,
+                   disagree, bad_disagree, ok ? "ok" : "FAIL");
+            fails += !ok;
+        } else {
+            printf("variant %s == default megakernel (bitwise), %d teacher-forced steps: %d differ: %s\n", variant.c_str(), n_steps,
+                   rows_diff, rows_diff == 0 ? "ok" : "FAIL");
+            fails += rows_diff != 0;
+        }
         if (rounds > 0) {
             const ab_speed sp = ab_greedy(C, A, prompt, bench_n, rounds);
             printf("speed, variant %s vs default megakernel, greedy tg%d, %d rounds AB/BA: %.1f vs %.1f tok/s, ratio %.3f (median of paired ratios)\n",
