@@ -16,7 +16,7 @@
 # Environment: MK_CHECK_ARGS (check: extra nvcc options),
 #   MK_VARIANT (bench: also a kernel variant, ggml-mk.h GGML_MK_VAR_*, e.g. 0x400: checked bitwise
 #   against the default megakernel and timed against it AB/BA in the same process; MK_VARIANT_OTHER_BITS=1 for a variant
-#   whose bits differ by design, e.g. 0x80000000: then checked within NMSE 1e-3 and by argmax), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
+#   whose bits differ by design, e.g. 0x80000000: then checked within NMSE 1e-3 and by argmax; stages bench and ctx), MK_CMAKE_ARGS (extra cmake options, e.g. "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON"), MK_TARGETS
 #   (default llama-bench: more targets let other device scripts reuse this build), MK_MODELS (default "small"): small / small-f16 = synthetic gemma4 pair with Q4_0 / F16
 #   matrices (harness/synth_gemma4.py), small-h = F16 with an assistant that reads the target's hidden state strongly, e2b / e4b = Gemma-4-E2B/E4B-shaped synthetic targets made on the
 #   GPU (megakernel/synth_gpu.py), e2b-mtp / e4b-mtp = the same shapes as a structured pair whose drafts are accepted
@@ -326,11 +326,11 @@ stage_ctx() {
     for bn in ${MK_CTX_BENCH:-32 256 1024}; do
         log "ctx: greedy tg$bn, megakernel vs graph vs variant $v"
         "$BLD/bin/test-mk" -m "$(model_path "$m")" -n 4 --rounds 2 --bench-n "$bn" -c 4096 --max-nmse 10 --max-disagree 1000 \
-            --variant "$v" 2>&1 | tee -a "$OUT/ctx.log" | grep -E "^speed|^variant"
+            --variant "$v" ${MK_VARIANT_OTHER_BITS:+--variant-other-bits} 2>&1 | tee -a "$OUT/ctx.log" | grep -E "^speed|^variant"
     done
     log "ctx: greedy tg${MK_CTX_LONG_N:-512} after the long prompt (the variant's bits may differ there: other groups)"
     "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$long" -n 4 --rounds 2 --bench-n "${MK_CTX_LONG_N:-512}" -c 4096 \
-        --max-nmse 10 --max-disagree 1000 --variant "$v" 2>&1 | tee -a "$OUT/ctx.log" | grep -E "^speed|^variant"
+        --max-nmse 10 --max-disagree 1000 --variant "$v" ${MK_VARIANT_OTHER_BITS:+--variant-other-bits} 2>&1 | tee -a "$OUT/ctx.log" | grep -E "^speed|^variant"
     if [ -n "${MK_CTX_PROF:-}" ]; then   # the per-phase profile after the long prompt, the default kernel and the variant
         local pv
         for pv in 0 "$v"; do

@@ -7,4 +7,4 @@ export MK_MODELS=e4b
 for v in 0 0x80000000; do
     LLAMA_MEGAKERNEL_VARIANT=$v MK_PROF_LINES=24 bash megakernel/device.sh profile
 done
-MK_CTX_VARIANT=0x80000000 MK_CTX_BENCH="32 1024" bash megakernel/device.sh ctx
+MK_CTX_VARIANT=0x80000000 MK_VARIANT_OTHER_BITS=1 MK_CTX_BENCH="32 1024" bash megakernel/device.sh ctx
