@@ -9,7 +9,7 @@
 #   draft (the fused MTP draft kernel vs llama.cpp's assistant graph: test-mk-draft --fused on the pairs of
 #   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch, per step size M; MK_PROF=2: also every block's barrier arrivals; MK_PROF_ARGS: more test-mk options, e.g. "--rounds 2 --verify-cost" for verify steps of M = 2..5; MK_PROF_LINES: profile lines shown, default 40), server (llama-server speculative == greedy), ctx (by context length: checks at a long prompt, tok/s at tg 32..1024
 #   vs the graph and MK_CTX_VARIANT), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
-#   reasons), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV; both after a ~390-token prompt with MK_NCU_LONG=1), ncuv (one verify launch
+#   reasons), deep (decode after prompts of MK_DEEP tokens, default "2048 4096": checks, tok/s vs the graph, profile), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV; both after a ~390-token prompt with MK_NCU_LONG=1), ncuv (one verify launch
 #   of MK_NCU_M tokens, default 4: sections + SASS samples; first run in session 25), e2e (MTP speculation end to end
 #   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize, sides (side b: MK_AB_BASE's megakernel built into the same tree, see stage_sides), vcost (verify kernels per
 #   side, MK_VCOST_SIDES), ab (two builds A/B, MK_AB_BASE: see stage_ab; last). Logs and results under $OUT (every stage tees its full output there).
@@ -211,8 +211,9 @@ stage_sweep() {
 }
 
 # the ~390-token prompt of stage ctx (and of ncu/ncusrc with MK_NCU_LONG=1)
+# a prompt of N sentences (~16 tokens each; default 24: ~390 tokens)
 long_prompt() {
-    python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the old river bank.']*24))"
+    python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the old river bank.']*${1:-24}))"
 }
 
 # ncu over one megakernel decode launch (the 21st) of test-mk on the last model of MK_MODELS; arguments: ncu's options;
@@ -340,6 +341,34 @@ stage_ctx() {
                 grep -E "llama_mk (grid )?profile" | grep -E "token:|M=1 "
         done
     fi
+    return "$rc"
+}
+
+# deep in a context: for each prompt length D of MK_DEEP (tokens, default "2048 4096"; a prompt of D/16 sentences, -c
+# rounded up to fit it and the generated tokens), on the last model of MK_MODELS: the checks there (teacher-forced NMSE
+# vs the graph, verify == decode bitwise M = 2..8, the stage's verdict), tok/s megakernel vs graph at tg MK_DEEP_N
+# (default 256) after the prompt, and the per-phase profile there (M = 1 lines) -> deep.log. MK_DEEP_VARIANT: the
+# checks with that kernel variant on (LLAMA_MEGAKERNEL_VARIANT), and the speed run also times it against the default (as
+# stage bench's MK_VARIANT, with MK_VARIANT_OTHER_BITS); the profile stays the default kernel's
+stage_deep() {
+    local m d p c n rc=0
+    m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    n=${MK_DEEP_N:-256}
+    for d in ${MK_DEEP:-2048 4096}; do
+        p=$(long_prompt $((d/16)))
+        c=$(( (d + n + 128 + 255)/256*256 ))
+        log "deep: checks at a ~$d-token prompt on $m (-c $c)${MK_DEEP_VARIANT:+, kernel variant $MK_DEEP_VARIANT}"
+        env ${MK_DEEP_VARIANT:+LLAMA_MEGAKERNEL_VARIANT=$MK_DEEP_VARIANT} "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 16 --rounds 0 -c "$c" --max-nmse 10 --max-disagree 1000 2>&1 |
+            tee -a "$OUT/deep.log" | grep -E "verify ==|NMSE|greedy|hidden states, verify|FAIL"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+        log "deep: greedy tg$n after the ~$d-token prompt, megakernel vs graph${MK_DEEP_VARIANT:+ vs variant $MK_DEEP_VARIANT}"
+        "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 2 --bench-n "$n" -c "$c" --max-nmse 10 \
+            --max-disagree 1000 ${MK_DEEP_VARIANT:+--variant "$MK_DEEP_VARIANT"} \
+            ${MK_DEEP_VARIANT:+${MK_VARIANT_OTHER_BITS:+--variant-other-bits}} 2>&1 | tee -a "$OUT/deep.log" | grep -E "^speed|^variant"
+        log "deep: per-phase profile after the ~$d-token prompt (tg64)"
+        LLAMA_MEGAKERNEL_PROFILE=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 1 --bench-n 64 -c "$c" \
+            --max-nmse 10 --max-disagree 1000 2>&1 | tee -a "$OUT/deep.log" | grep -E "llama_mk profile" | grep -E "token:|M=1 "
+    done
     return "$rc"
 }
 
@@ -474,7 +503,31 @@ stage_ab() {
     done
 }
 
+# before any stage (a build takes minutes of device time): the models the stages will make from the tokenizer need it
+# carried (`carry` .dev/mk/tokenizer.gguf); say so now, not after the build
+preflight() {
+    local st m
+    for st in "$@"; do
+        [ "$st" = models ] || continue
+        for m in ${MK_MODELS:-small}; do
+            case "$m" in
+            gemma3) continue ;;   # (carried whole: stage receive)
+            e2b|e4b|e2b-mtp|e4b-mtp) [ -f "$MODELS/$m.gguf" ] && [ -f "$MODELS/$m-assistant.gguf" ] && continue ;;
+            e2b-q4km|e4b-q4km) [ -f "$MODELS/$m.gguf" ] || [ -f "$MODELS/${m%-q4km}.gguf" ] && continue ;;
+            *) [ -f "$(model_path "$m")" ] && continue ;;
+            esac
+            if [ ! -f "$DEV/mk/tokenizer.gguf" ]; then
+                echo "device.sh: model $m is made from $DEV/mk/tokenizer.gguf, which is missing: make it here with"
+                echo "  .venv/bin/python harness/synth_gemma4.py --tokenizer-from \"\$(.venv/bin/stq-metal model)\" --tokenizer-only .dev/mk/tokenizer.gguf"
+                echo "and carry it: run(..., carry=[\".dev/cuda\", \".dev/mk/tokenizer.gguf\"]). Nothing was run."
+                return 1
+            fi
+        done
+    done
+}
+
 [ $# -gt 0 ] || { sed -n "2,/^set -uo/p" "$0" | sed "$ d"; exit 2; }
+preflight "$@" || exit 1
 unpack
 rc=0
 for st in "$@"; do

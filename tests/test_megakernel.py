@@ -701,6 +701,19 @@ def test_test_mk_short_checks_for_the_sanitizer(tmp_path, cpu_build, gemma_model
     assert bad.returncode == 2 and "--verify-max 9" in bad.stderr, bad.stderr
 
 
+def test_test_mk_takes_a_prompt_longer_than_a_batch(tmp_path, cpu_build, gemma_model):
+    """device.sh stage deep gives test-mk prompts of thousands of tokens: they are decoded in pieces of the context's
+    n_batch (512), not refused by llama_decode, and the checks run after them (here ~650 tokens)"""
+    exe = _build_test_mk(tmp_path, cpu_build)
+    env = dict(os.environ, GGML_CPU_BATCH_INVARIANT="32")
+    prompt = " ".join(["The quick brown fox jumps over the lazy dog near the old river bank."]*40)
+    r = subprocess.run([str(exe), "-m", str(gemma_model), "-p", prompt, "-n", "1", "--rounds", "0", "-c", "1024",
+                        "--verify-max", "2", "--hidden-batches", "0"], capture_output=True, text=True, timeout=900, env=env)
+    out = r.stdout + r.stderr
+    assert "llama_decode failed" not in out, out[-3000:]
+    assert "verify == decode (bitwise), M = 2..2: ok" in out and r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
+
+
 def test_test_mk_variant_other_bits_is_judged_by_closeness(tmp_path, cpu_build, gemma_model):
     """--variant BITS --variant-other-bits (device.sh bench with MK_VARIANT_OTHER_BITS=1): a variant whose bits differ by
     design (GGML_MK_VAR_CHUNK4) is held within NMSE 1e-3 of the default and to its argmax, not bit for bit, and says so.
@@ -975,6 +988,44 @@ def test_bench_megakernel_names_the_tensor_it_cannot_size(tmp_path, cpu_build):
                 RawTensor("token_embd.weight", (32, 4), 0, bytes(512))])
     with pytest.raises(HarnessError, match=r"bad\.gguf: tensor blk\.0\.attn_q\.weight \(type 2, ne \[33, 2\]\)"):
         weight_bytes_per_token(bad, cpu_build)
+
+
+def test_device_preflight_names_the_missing_tokenizer_before_the_build(tmp_path):
+    """megakernel/device.sh: a call whose stage models would make a synthetic model from .dev/mk/tokenizer.gguf, with
+    that file not carried, stops before its first stage (the build: minutes of device time) with a message naming the
+    file, the command that makes it and the carry list; with the file there (or the model already made) it goes on."""
+    repo = tmp_path / "repo"   # device.sh alone: no .dev/ (nothing to unpack), no cmake tree to build
+    (repo / "megakernel").mkdir(parents=True)
+    shutil.copy(config.REPO_ROOT / "megakernel" / "device.sh", repo / "megakernel" / "device.sh")
+    work, out = tmp_path / "w", tmp_path / "out"
+    env = dict(os.environ, MK_WORK=str(work), OUT=str(out))
+
+    def call(models: str, *stages: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(repo / "megakernel" / "device.sh"), *stages], env=dict(env, MK_MODELS=models),
+                              capture_output=True, text=True, timeout=120)
+
+    for models in ("e4b", "small", "gemma3 e2b-mtp", "e4b-q4km"):
+        r = call(models, "build", "models")
+        assert r.returncode == 1, (models, r.stdout, r.stderr)
+        tok = str(repo / ".dev" / "mk" / "tokenizer.gguf")
+        assert f"is made from {tok}, which is missing" in r.stdout, (models, r.stdout)
+        assert "--tokenizer-only .dev/mk/tokenizer.gguf" in r.stdout and '".dev/mk/tokenizer.gguf"]' in r.stdout
+        assert "Nothing was run" in r.stdout
+        assert not (out / "configure.log").exists(), "the build started before the check"
+    # a model already made needs no tokenizer: the stages run (here: stage models has nothing to do)
+    (work / "models").mkdir(parents=True, exist_ok=True)
+    for f in ("e4b.gguf", "e4b-assistant.gguf"):
+        (work / "models" / f).write_bytes(b"")
+    r = call("e4b", "models")
+    assert r.returncode == 0 and "missing" not in r.stdout, r.stdout + r.stderr
+    # stages without models never ask for it
+    r = call("e4b", "receive")
+    assert "tokenizer" not in r.stdout
+    # the tokenizer there: past the check (stage models then fails on its own: no generator in this bare copy)
+    (repo / ".dev" / "mk").mkdir(parents=True)
+    (repo / ".dev" / "mk" / "tokenizer.gguf").write_bytes(b"")
+    r = call("small", "models")
+    assert "Nothing was run" not in r.stdout and "stage models failed" in r.stdout, r.stdout + r.stderr
 
 
 def _receive(repo: Path, work: Path, piece: Path) -> subprocess.CompletedProcess:

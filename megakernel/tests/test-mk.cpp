@@ -130,7 +130,12 @@ static void decode_or_die(llama_context * ctx, llama_batch b, const char * what)
 
 static void prefill(ctx_t & c, std::vector<llama_token> & prompt) {
     llama_memory_clear(llama_get_memory(c.ctx), true);
-    decode_or_die(c.ctx, llama_batch_get_one(prompt.data(), (int) prompt.size()), "prompt");
+    // in pieces of at most n_batch tokens (device.sh stage deep's prompts of thousands)
+    const size_t nb = llama_n_batch(c.ctx);
+    for (size_t i = 0; i < prompt.size(); i += nb) {
+        const size_t n = std::min(nb, prompt.size() - i);
+        decode_or_die(c.ctx, llama_batch_get_one(prompt.data() + i, (int) n), "prompt");
+    }
 }
 
 // M tokens tok[first + j] (cyclically) at positions pos0 + j of sequence 0, logits for every one
@@ -242,6 +247,10 @@ int main(int argc, char ** argv) {
     const llama_vocab * vocab = llama_model_get_vocab(model);
     std::vector<llama_token> prompt(4096);
     int np = llama_tokenize(vocab, prompt_text.c_str(), (int) prompt_text.size(), prompt.data(), (int) prompt.size(), true, true);
+    if (np < 0) {   // (longer: -np tokens)
+        prompt.resize(-np);
+        np = llama_tokenize(vocab, prompt_text.c_str(), (int) prompt_text.size(), prompt.data(), (int) prompt.size(), true, true);
+    }
     prompt.resize(np);
 
     ctx_t A = make_ctx(model, true, n_ctx, fa);
