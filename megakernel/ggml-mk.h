@@ -111,10 +111,15 @@ struct ggml_mk_model {
 };
 #endif // __METAL_VERSION__
 
+#define GGML_MK_DEBUG_MASK            0x7f   // the bits of the GGML_MK_DEBUG_* planted bugs (LLAMA_MEGAKERNEL_DEBUG only; the
+                                             // variants of LLAMA_MEGAKERNEL_VARIANT are the other bits)
 #define GGML_MK_DEBUG_NO_GRID_BARRIER 1   // planted bug: grid barriers become block barriers
 // kernel variants for A/B runs in one process (LLAMA_MEGAKERNEL_VARIANT=bits, test-mk --variant): off by default,
 // each one a candidate not measured yet, or the behaviour a recent change replaced (to measure that change);
 // results bitwise equal to the default kernel
+#define GGML_MK_VAR_TWO_UNITS         0x80    // the block-per-(token, head, group) attention takes two units a round (warps 0..7
+                                              // and 8..15) where a step has more units than blocks: deep contexts (mk_att_two;
+                                              // the same bits). Built in session 43, not yet timed on a GPU
 #define GGML_MK_VAR_STAGE_EVERY       0x100   // (before) every block stages a plain mat-vec's inputs itself (mk_stage, mk_stage_cols),
                                               // not rounded once for the grid where the step stages them once (mk_once_on:
                                               // each block rounds its slice of the groups to 8-bit records in global memory,

@@ -385,7 +385,7 @@ static int32_t llama_mk_env_flags(bool log) {
         flags = atoi(dbg);
     }
     if (const char * var = getenv("LLAMA_MEGAKERNEL_VARIANT")) {
-        const int bits = (int) strtol(var, nullptr, 0) & ~0xff;
+        const int bits = (int) strtol(var, nullptr, 0) & ~GGML_MK_DEBUG_MASK;
         flags |= bits;
         if (log) {
             LLAMA_LOG_INFO("llama_mk: kernel variant 0x%x (LLAMA_MEGAKERNEL_VARIANT)\n", bits);

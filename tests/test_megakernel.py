@@ -203,7 +203,13 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             # 0x80000000 (GGML_MK_VAR_CHUNK4): the attention's chunks taken 4 cells a step. The emulation's chunks are
             # 4 cells already (mk_ref.h), so the code made for 4 cells a step must give the bits of the default's 8 (the
             # same cells, in the same order); on a GPU the variant also halves the chunk (ggml_mk_att_chunk): other bits
-            "0x80000000": ["--verify", "2,3,4,5,8", "--variant", "0x80000000", "--vs-default"]}
+            "0x80000000": ["--verify", "2,3,4,5,8", "--variant", "0x80000000", "--vs-default"],
+            # 0x80 (GGML_MK_VAR_TWO_UNITS): the block way's attention two units a round where a step has more units than
+            # blocks (mk_att_two: with the large shared memory two groups' slots fit), bitwise the default's one unit a
+            # round; also on a schedule with a slow block (the groups' last arrival: either unit of a round)
+            "0x80-big": ["--smem", "227000", "--stages", "8", "--verify", "2,3,5,8", "--variant", "0x80", "--vs-default"],
+            "0x80-slow": ["--smem", "227000", "--stages", "8", "--blocks", "3", "--slow-block", "1", "--verify", "2,3,5,8",
+                          "--variant", "0x80", "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
@@ -236,6 +242,14 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
         assert packed.group(1) == "0", f"GGML_MK_VAR_ROW_TILES still packs rows: {packed.group(0)}"
         assert re.search(r"^default kernel: [1-9]\d* of \d+ mat-vec jobs in tiles of several rows \(up to ([2-9]|\d\d)\)", r.stdout, re.M), \
             "the default kernel packed no rows: the bitwise comparison tests nothing\n" + r.stdout
+    two = re.search(r"^attention two units a round \(more units than blocks\): (\d+) of (\d+) layer steps"
+                    r"(?: \(the default kernel: (\d+)\))?$", r.stdout, re.M)
+    assert two, r.stdout
+    if variant.startswith("0x80-"):   # the variant took two units a round in some steps (a context of several groups
+        # on 2-3 blocks), the default it equals bitwise in none
+        assert 0 < int(two.group(1)) < int(two.group(2)) and two.group(3) == "0", two.group(0)
+    else:   # only the variant takes two
+        assert two.group(1) == "0", two.group(0)
     if variant.split("-")[0] == "0x4000":   # GGML_MK_VAR_FOLD_HEADS runs (not 0x40000, 0x400000)
         fold = re.search(r"^heads folded into the attention: (\d+) of (\d+) layer steps", r.stdout, re.M)
         assert fold, r.stdout
@@ -291,6 +305,20 @@ def test_cuda_kernel_on_host_small_batch_code_planted_bug_fails(tmp_path, cpu_bu
         r = subprocess.run([str(exe), "--variant", variant], capture_output=True, text=True, timeout=900)
         assert r.returncode == 0 and "OK verify M=4: 0 of 4 rows differ" in r.stdout, \
             f"variant {variant} still runs mk_stage_cols:\n{r.stdout[-3000:]}"
+
+
+def test_cuda_kernel_on_host_two_units_planted_bug_fails(tmp_path, cpu_build):
+    """variant 0x80's two units a round (mk_att_two: a step with more units than blocks, the emulation's large shared
+    memory): a planted bug, the second unit's combine reading the first unit's chunk slots, must fail the variant's run
+    (against the float64 reference and bitwise against the default's one unit a round), and leave the default's own
+    run, which never takes two units, as it was"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, "combine_blk(slots + (size_t) k*MK_ATT_GROUP*PS,", "combine_blk(slots,")
+    r = subprocess.run([str(exe), *EMU_RUNS["0x80-big"]], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL ", r.stdout, re.M), \
+        f"a wrong second unit went unnoticed (does 0x80-big still take two units a round?):\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe), *EMU_RUNS["big"], "--verify", "2,3,5,8"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK verify M=8: 0 of 8 rows differ" in r.stdout, \
+        f"the planted bug reached the one-unit way:\n{r.stdout[-3000:]}"
 
 
 def test_cuda_kernel_on_host_item_staging_planted_bug_fails(tmp_path, cpu_build):
@@ -579,7 +607,9 @@ int main() {
     for (int32_t n : ctx) {
         printf("%d %d %d\\n", n, ggml_mk_att_chunk(n, 0), ggml_mk_att_chunk(n, GGML_MK_VAR_CHUNK4));
     }
-    printf("%d\\n", (int) (GGML_MK_VAR_CHUNK4 & ~0xff) == (int) GGML_MK_VAR_CHUNK4);
+    printf("%d %d %d\\n", (int) (GGML_MK_VAR_CHUNK4 & ~GGML_MK_DEBUG_MASK) == (int) GGML_MK_VAR_CHUNK4,
+           (GGML_MK_VAR_TWO_UNITS & ~GGML_MK_DEBUG_MASK) == GGML_MK_VAR_TWO_UNITS,
+           (GGML_MK_DEBUG_NO_GRID_BARRIER & ~GGML_MK_DEBUG_MASK) == 0);
 }
 """
     src = tmp_path / "c.cpp"
@@ -593,8 +623,9 @@ int main() {
         for c, first in ((c8, 8), (c4, 4)):
             assert c >= first and c*1024 >= n and (c == first or (c//2)*1024 < n), (n, c8, c4)
     assert rows[256] == (8, 4) and rows[4096] == (8, 4) and rows[4097] == (8, 8) and rows[131072] == (128, 128)
-    # the bit survives llama_mk_env_flags's mask of LLAMA_MEGAKERNEL_VARIANT (& ~0xff: the low byte is planted bugs)
-    assert out[6] == "1"
+    # the variants' bits survive llama_mk_env_flags's mask of LLAMA_MEGAKERNEL_VARIANT (& ~GGML_MK_DEBUG_MASK), the
+    # planted bug's does not
+    assert out[6] == "1 1 1"
 
 
 def test_cuda_sources_compile_for_sm90(cpu_build):

@@ -2311,6 +2311,19 @@ MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max
     return f;
 }
 
+// variant GGML_MK_VAR_TWO_UNITS: the block-per-(token, head, group) attention takes two units a round, warps
+// 0..MK_ATT_GROUP-1 the first and the next MK_ATT_GROUP warps the second (otherwise idle), where a step has more units
+// (n_units: tokens x heads x groups) than blocks: deep contexts, e.g. E4B's global layers at ~7700 cells, 960 units on 132
+// blocks, 4 rounds of a chunk's latency instead of 8 (where the step is 0.76x the graph's: NOTES.md session 43). Each chunk
+// and each combine as in one unit a round, in the same order: the same bits. Not for the list as one group
+// (GGML_MK_VAR_ONE_GROUP: chunks past the warps) or the warp's combine (GGML_MK_VAR_WARP_COMBINE), and only where two
+// groups' chunk slots fit in bytes
+MK_HOSTDEV bool mk_att_two(int flags, int n_units, int blocks, int max_head_dim, int bytes) {
+    return (flags & GGML_MK_VAR_TWO_UNITS) && 2*MK_ATT_GROUP <= MK_WARPS && n_units > blocks &&
+           !(flags & (GGML_MK_VAR_ONE_GROUP | GGML_MK_VAR_WARP_COMBINE)) &&
+           2*MK_ATT_GROUP*(4 + max_head_dim)*(int) sizeof(float) <= bytes;
+}
+
 // ---------------------------------------------------------------------------------------------
 // attention, split over the cells: one warp per (token, head, chunk of att_chunk cells counted from
 // cell 0), online softmax over the chunk's visible cells CPI at a time; the chunks' partial results are
@@ -2364,9 +2377,11 @@ MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
 // write the same bits to the same cells), so no grid barrier is needed in between; later layers sharing this cache and
 // later steps read them after the grid barriers as before)
 // CPI_: cells a step (0: the default for NP; GGML_MK_VAR_CHUNK4's instantiation takes 4)
-template <int NP, bool BLK, bool FOLD = false, int CPI_ = 0>
+// TWO (with BLK, not FOLD; where mk_att_two says so: the caller, mk_attention_blk, asks first): two units a round
+template <int NP, bool BLK, bool FOLD = false, int CPI_ = 0, bool TWO = false>
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     static_assert(!FOLD || BLK, "the fold is the block-per-(token, head) way's");
+    static_assert(!TWO || (BLK && !FOLD && 2*MK_ATT_GROUP <= MK_WARPS), "two units a round: the block way's, a group a half");
     constexpr int CPI = CPI_ > 0 ? CPI_ : (NP > 4 ? 2 : 8);   // cells per step (registers: K and V of CPI cells)
     static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
     const ggml_mk_layer & L = a.m->layers[il];
@@ -2740,6 +2755,59 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             return false;
         }
         const int wb = threadIdx.x / WARP_SIZE;
+        if constexpr (TWO) {
+            // units u0 and u0 + gridDim.x in one round (the units a block took one after the other before): warp wb
+            // takes chunk wc of unit hw's group into that unit's slots; then the block combines the first unit's
+            // group, then the second's, each as below (the last block of a (token, head) also combines its groups)
+            const int nu = M*L.n_head*ng;
+            const int hw = wb / MK_ATT_GROUP;   // (2 and up: idle warps where MK_WARPS > 2*MK_ATT_GROUP)
+            const int wc = wb - hw*MK_ATT_GROUP;
+            float * w = mk_att_scratch();
+            for (int u0 = blockIdx.x; u0 < nu; u0 += 2*gridDim.x) {
+                unsigned long long * prof = u0 == (int) blockIdx.x ? a.prof : nullptr;   // (block 0's first round)
+                mk_prof_at(prof, MK_PH_AT_PRO);
+                const int uw = u0 + hw*gridDim.x;
+                if (hw < 2 && uw < nu) {
+                    const int mh = uw / ng;
+                    const int ck = grp[uw - mh*ng] + wc;
+                    if (ck < grp[uw - mh*ng + 1]) {
+                        float mx, l, a0[NP], a1[NP];
+                        chunk(mh, ck, mx, l, a0, a1);
+                        put(slots + (size_t) (hw*MK_ATT_GROUP + wc)*PS, mx, l, a0, a1);
+                    }
+                }
+                mk_prof_at(prof, MK_PH_AT_WARP0);
+                __syncthreads();
+                mk_prof_at(prof, MK_PH_AT_CHUNKS);
+                for (int k = 0; k < 2 && u0 + k*(int) gridDim.x < nu; ++k) {
+                    const int u  = u0 + k*gridDim.x;
+                    const int mh = u / ng;
+                    const int g  = u - mh*ng;
+                    if (k > 0) {
+                        __syncthreads();   // (the first unit's combines read w, which this one rewrites)
+                    }
+                    float gm, gl;
+                    const float acc = combine_blk(slots + (size_t) k*MK_ATT_GROUP*PS, grp[g + 1] - grp[g], mk_bool<true>(),
+                                                  w, gm, gl);
+                    if (ng == 1) {
+                        finish_blk(mh, gl, acc);
+                        continue;
+                    }
+                    float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
+                    put_blk(part + (size_t) g*PS, gm, gl, acc);
+                    if (arrive_last_blk(mh, ng, w)) {
+                        const float acc_g = combine_blk(part, ng, mk_bool<false>(), w, gm, gl);
+                        finish_blk(mh, gl, acc_g);
+                        if (threadIdx.x == 0) {
+                            atomicExch(a.att_cnt + mh, 0u);
+                        }
+                    }
+                }
+                mk_prof_at(prof, MK_PH_AT_COMB);
+                __syncthreads();   // the slots and w are rewritten in the next round
+            }
+            return true;
+        }
         for (int u = blockIdx.x; u < M*L.n_head*ng; u += gridDim.x) {
             const int mh = u / ng;   // (a (token, head)'s groups go to consecutive blocks)
             const int g  = u - mh*ng;
@@ -2850,6 +2918,18 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         mh_done(mh);
     }
     return true;
+}
+
+// the block-per-(token, head, group) attention of head dim 64*NP (one call site each): two units a round where
+// mk_att_two says so (GGML_MK_VAR_TWO_UNITS), else one (false: the device-wide way's turn, as mk_attention<NP, true>)
+template <int NP>
+MK_DEVICE_FN bool mk_attention_blk(const mk_args & a, int il, int M, float * sm) {
+    const ggml_mk_layer & L = a.m->layers[il];
+    const int nu = M*L.n_head*a.st->n_grp[L.is_swa ? 1 : 0];
+    if (mk_att_two(a.flags, nu, gridDim.x, a.m->max_head_dim, a.xs_bytes + a.xq_bytes)) {
+        return mk_attention<NP, true, false, 0, true>(a, il, M, sm);
+    }
+    return mk_attention<NP, true>(a, il, M, sm);
 }
 
 // the block-per-(token, head, group) attention of head dim <= 256 with 4 cells a step (GGML_MK_VAR_CHUNK4; one call site)
@@ -3201,12 +3281,12 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
             mk_attention_fold(a, il, M, xs);
         } else if (L.head_dim <= 256) {
             const bool blk = !(a.flags & GGML_MK_VAR_DEVICE_ATT) &&
-                             ((a.flags & GGML_MK_VAR_CHUNK4) ? mk_attention_c4(a, il, M, xs) : mk_attention<4, true>(a, il, M, xs));
+                             ((a.flags & GGML_MK_VAR_CHUNK4) ? mk_attention_c4(a, il, M, xs) : mk_attention_blk<4>(a, il, M, xs));
             if (!blk) {
                 mk_attention<4, false>(a, il, M, xs);
             }
         } else {
-            if ((a.flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention<GGML_MK_MAX_HEAD_DIM/64, true>(a, il, M, xs)) {
+            if ((a.flags & GGML_MK_VAR_DEVICE_ATT) || !mk_attention_blk<GGML_MK_MAX_HEAD_DIM/64>(a, il, M, xs)) {
                 mk_attention<GGML_MK_MAX_HEAD_DIM/64, false>(a, il, M, xs);
             }
         }

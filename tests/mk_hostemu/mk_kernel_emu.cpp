@@ -102,7 +102,7 @@ int main(int argc, char ** argv) {
     for (auto & set : kvs) {
         for (int i = 0; i < 4; ++i) set[i].assign(kv_elems[i], half{0});
     }
-    int n_fold = 0, n_layer_steps = 0, n_cmp = 0, n_cmp_diff = 0, grp_max = 0, n_cl_steps = 0;
+    int n_fold = 0, n_two[2] = { 0, 0 }, n_layer_steps = 0, n_cmp = 0, n_cmp_diff = 0, grp_max = 0, n_cl_steps = 0;
 
     // scratch for the emulated kernel
     const int n_chunk = kv_size/M_.att_chunk + 1;
@@ -173,10 +173,21 @@ int main(int argc, char ** argv) {
             // the layers whose heads phase the attention takes over (GGML_MK_VAR_FOLD_HEADS: where mk_fold_plan fits)
             for (int il = 0; il < n_layer; ++il) {
                 const ggml_mk_layer & Ll = M_.layers[il];
-                n_fold += (M_.debug_flags & GGML_MK_VAR_FOLD_HEADS) && !(M_.debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
-                          mk_fold_plan(Ll, M, ds.n_ch[Ll.is_swa ? 1 : 0], M_.max_head_dim, L.xs_bytes + L.xq_bytes).fits;
+                const bool fold = (M_.debug_flags & GGML_MK_VAR_FOLD_HEADS) && !(M_.debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
+                                  mk_fold_plan(Ll, M, ds.n_ch[Ll.is_swa ? 1 : 0], M_.max_head_dim, L.xs_bytes + L.xq_bytes).fits;
+                n_fold += fold;
                 ++n_layer_steps;
             }
+        }
+        // the block way's layer steps that take two units a round (mk_attention_blk's question, mk_att_two), the kernel's
+        // (set 0) and the default kernel's it is compared with (set 1)
+        for (int il = 0; il < n_layer; ++il) {
+            const ggml_mk_layer & Ll = M_.layers[il];
+            const bool fold = (M_.debug_flags & GGML_MK_VAR_FOLD_HEADS) && !(M_.debug_flags & GGML_MK_VAR_DEVICE_ATT) &&
+                              mk_fold_plan(Ll, M, ds.n_ch[Ll.is_swa ? 1 : 0], M_.max_head_dim, L.xs_bytes + L.xq_bytes).fits;
+            n_two[set] += !fold && !(M_.debug_flags & (GGML_MK_VAR_DEVICE_ATT | GGML_MK_VAR_CHUNK4)) &&
+                          mk_att_two(M_.debug_flags, M*Ll.n_head*ds.n_grp[Ll.is_swa ? 1 : 0], n_blocks, M_.max_head_dim,
+                                     L.xs_bytes + L.xq_bytes);
         }
         a.bulk = (M_.debug_flags & GGML_MK_VAR_CP_ASYNC) ? 0 : 1;   // (as ggml_cuda_mk_create on an sm_90 device)
         emu_bulk_engine = a.bulk != 0;   // (0x2000: as an sm_80..89 device, which has no bulk copy engine)
@@ -223,6 +234,11 @@ int main(int argc, char ** argv) {
     if (variant & GGML_MK_VAR_FOLD_HEADS) {
         printf("heads folded into the attention: %d of %d layer steps (the others kept the heads phase)\n", n_fold, n_layer_steps);
     }
+    printf("attention two units a round (more units than blocks): %d of %d layer steps", n_two[0], n_layer_steps);
+    if (vs_default) {
+        printf(" (the default kernel: %d)", n_two[1]);
+    }
+    printf("\n");
     printf("attention groups (%d chunks of %d cells each) in a step's list: up to %d\n",
            (M_.debug_flags & GGML_MK_VAR_HALF_GROUPS) ? MK_ATT_GROUP_HALF : MK_ATT_GROUP, M_.att_chunk, grp_max);
     printf("steps staged over clusters of 2 blocks (mk_step_cl): %d\n", n_cl_steps);
