@@ -347,24 +347,29 @@ stage_ctx() {
 # deep in a context: for each prompt length D of MK_DEEP (tokens, default "2048 4096"; a prompt of D/16 sentences, -c
 # rounded up to fit it and the generated tokens), on the last model of MK_MODELS: the checks there (teacher-forced NMSE
 # vs the graph, verify == decode bitwise M = 2..8, the stage's verdict), tok/s megakernel vs graph at tg MK_DEEP_N
-# (default 256) after the prompt, and the per-phase profile there (M = 1 lines) -> deep.log. MK_DEEP_VARIANT: the
-# checks with that kernel variant on (LLAMA_MEGAKERNEL_VARIANT), and the speed run also times it against the default (as
-# stage bench's MK_VARIANT, with MK_VARIANT_OTHER_BITS); the profile stays the default kernel's
+# (default 256) after the prompt, and the per-phase profile there (M = 1 lines) -> deep.log. MK_DEEP_VARIANT: kernel
+# variants (one or more): the checks with the last of them on (LLAMA_MEGAKERNEL_VARIANT), and a speed run for each that
+# also times it against the default (as stage bench's MK_VARIANT, with MK_VARIANT_OTHER_BITS); the profile stays the
+# default kernel's
 stage_deep() {
-    local m d p c n rc=0
+    local m d p c n v vl rc=0
     m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
+    vl=$(echo ${MK_DEEP_VARIANT:-} | awk '{print $NF}')
     n=${MK_DEEP_N:-256}
     for d in ${MK_DEEP:-2048 4096}; do
         p=$(long_prompt $((d/16)))
         c=$(( (d + n + 128 + 255)/256*256 ))
-        log "deep: checks at a ~$d-token prompt on $m (-c $c)${MK_DEEP_VARIANT:+, kernel variant $MK_DEEP_VARIANT}"
-        env ${MK_DEEP_VARIANT:+LLAMA_MEGAKERNEL_VARIANT=$MK_DEEP_VARIANT} "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 16 --rounds 0 -c "$c" --max-nmse 10 --max-disagree 1000 2>&1 |
+        log "deep: checks at a ~$d-token prompt on $m (-c $c)${vl:+, kernel variant $vl}"
+        env ${vl:+LLAMA_MEGAKERNEL_VARIANT=$vl} "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 16 --rounds 0 -c "$c" --max-nmse 10 --max-disagree 1000 2>&1 |
             tee -a "$OUT/deep.log" | grep -E "verify ==|NMSE|greedy|hidden states, verify|FAIL"
         [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-        log "deep: greedy tg$n after the ~$d-token prompt, megakernel vs graph${MK_DEEP_VARIANT:+ vs variant $MK_DEEP_VARIANT}"
-        "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 2 --bench-n "$n" -c "$c" --max-nmse 10 \
-            --max-disagree 1000 ${MK_DEEP_VARIANT:+--variant "$MK_DEEP_VARIANT"} \
-            ${MK_DEEP_VARIANT:+${MK_VARIANT_OTHER_BITS:+--variant-other-bits}} 2>&1 | tee -a "$OUT/deep.log" | grep -E "^speed|^variant"
+        for v in ${MK_DEEP_VARIANT:-none}; do
+            [ "$v" = none ] && v=""
+            log "deep: greedy tg$n after the ~$d-token prompt, megakernel vs graph${v:+ vs variant $v}"
+            "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 2 --bench-n "$n" -c "$c" --max-nmse 10 \
+                --max-disagree 1000 ${v:+--variant "$v"} ${v:+${MK_VARIANT_OTHER_BITS:+--variant-other-bits}} 2>&1 |
+                tee -a "$OUT/deep.log" | grep -E "^speed|^variant"
+        done
         log "deep: per-phase profile after the ~$d-token prompt (tg64)"
         LLAMA_MEGAKERNEL_PROFILE=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 1 --bench-n 64 -c "$c" \
             --max-nmse 10 --max-disagree 1000 2>&1 | tee -a "$OUT/deep.log" | grep -E "llama_mk profile" | grep -E "token:|M=1 "

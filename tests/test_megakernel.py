@@ -623,8 +623,8 @@ int main() {
         for c, first in ((c8, 8), (c4, 4)):
             assert c >= first and c*1024 >= n and (c == first or (c//2)*1024 < n), (n, c8, c4)
     assert rows[256] == (8, 4) and rows[4096] == (8, 4) and rows[4097] == (8, 8) and rows[131072] == (128, 128)
-    # the variants' bits survive llama_mk_env_flags's mask of LLAMA_MEGAKERNEL_VARIANT (& ~GGML_MK_DEBUG_MASK), the
-    # planted bug's does not
+    # the variants' bits (0x80000000, 0x80) survive llama_mk_env_flags's mask of LLAMA_MEGAKERNEL_VARIANT
+    # (& ~GGML_MK_DEBUG_MASK), the planted bug's does not
     assert out[6] == "1 1 1"
 
 

@@ -6,7 +6,7 @@
 # Stage deep with MK_DEEP_VARIANT=0x80: the checks there with the variant on (verify == decode bitwise: verify steps take
 # two units where one-token steps may not), megakernel vs graph and the variant vs the default (bitwise, then tok/s AB/BA,
 # tg128), the default's profile. ~7680 first: where session 43's call C measured the default at 0.758x the graph.
-#   run(command="bash bench/megakernel-h200-2026-12-06/s43-callE.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"], timeout_s=540)
+#   run(command="bash bench/megakernel-h200-2026-12-06/s43-callE.sh", carry=[".dev/cuda", ".dev/mk/tokenizer.gguf"], timeout_s=560)
 export MK_MODELS=e4b
 bash megakernel/device.sh build models
 MK_DEEP="7680 4096" MK_DEEP_N=128 MK_DEEP_VARIANT=0x80 bash megakernel/device.sh deep
