@@ -9,7 +9,7 @@
 #   draft (the fused MTP draft kernel vs llama.cpp's assistant graph: test-mk-draft --fused on the pairs of
 #   MK_DRAFT_MODELS, default "small-h small", incl. -np 2, k = 8, a planted barrier bug and memcheck), bench, profile (per-phase times inside the launch, per step size M; MK_PROF=2: also every block's barrier arrivals; MK_PROF_ARGS: more test-mk options, e.g. "--rounds 2 --verify-cost" for verify steps of M = 2..5; MK_PROF_LINES: profile lines shown, default 40), server (llama-server speculative == greedy), ctx (by context length: checks at a long prompt, tok/s at tg 32..1024
 #   vs the graph and MK_CTX_VARIANT), sweep (blocks per SM 1..3), ncu (one decode launch: speed of light, memory, warp stall
-#   reasons), deep (decode after prompts of MK_DEEP tokens, default "2048 4096": checks, tok/s vs the graph, profile), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV; both after a ~390-token prompt with MK_NCU_LONG=1), ncuv (one verify launch
+#   reasons), deep (decode after prompts of MK_DEEP tokens, default "2048 4096": checks, tok/s vs the graph, profile), ncusrc (the same as a report: raw metrics + per-SASS-instruction samples as CSV; both after a 361-token prompt with MK_NCU_LONG=1), ncuv (one verify launch
 #   of MK_NCU_M tokens, default 4: sections + SASS samples; first run in session 25), e2e (MTP speculation end to end
 #   through llama-server, harness/bench_mtp.py: MK_E2E_MODEL, MK_E2E_ARGS), sanitize, sides (side b: MK_AB_BASE's megakernel built into the same tree, see stage_sides), vcost (verify kernels per
 #   side, MK_VCOST_SIDES), ab (two builds A/B, MK_AB_BASE: see stage_ab; last). Logs and results under $OUT (every stage tees its full output there).
@@ -210,8 +210,8 @@ stage_sweep() {
     done
 }
 
-# the ~390-token prompt of stage ctx (and of ncu/ncusrc with MK_NCU_LONG=1)
-# a prompt of N sentences (~16 tokens each; default 24: ~390 tokens)
+# a prompt of N sentences (default 24: the prompt of stage ctx and of ncu/ncusrc with MK_NCU_LONG=1); the models'
+# tokenizer (Gemma 3's) makes 15 tokens of each, plus BOS: 361 tokens for 24
 long_prompt() {
     python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog near the old river bank.']*${1:-24}))"
 }
@@ -319,7 +319,7 @@ stage_ctx() {
     local m long rc
     m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
     long=$(long_prompt)
-    log "ctx: checks at a long prompt (~390 tokens) on $m"
+    log "ctx: checks at a long prompt (361 tokens) on $m"
     "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$long" -n 16 --rounds 0 -c 4096 --max-nmse 10 --max-disagree 1000 2>&1 |
         tee -a "$OUT/ctx.log" | grep -E "verify ==|NMSE|greedy|hidden states, verify|FAIL"
     rc=${PIPESTATUS[0]}   # (the checks' verdict is the stage's; the speed runs below only report)
@@ -344,8 +344,8 @@ stage_ctx() {
     return "$rc"
 }
 
-# deep in a context: for each prompt length D of MK_DEEP (tokens, default "2048 4096"; a prompt of D/16 sentences, -c
-# rounded up to fit it and the generated tokens), on the last model of MK_MODELS: the checks there (teacher-forced NMSE
+# deep in a context: for each prompt length D of MK_DEEP (tokens, default "2048 4096"; a prompt of D/15 sentences, D + 1
+# tokens where 15 divides D; -c rounded up to fit it, the generated tokens and the checks'), on the last model of MK_MODELS: the checks there (teacher-forced NMSE
 # vs the graph, verify == decode bitwise M = 2..8, the stage's verdict), tok/s megakernel vs graph at tg MK_DEEP_N
 # (default 256) after the prompt, and the per-phase profile there (M = 1 lines) -> deep.log. MK_DEEP_VARIANT: kernel
 # variants (one or more): the checks with the last of them on (LLAMA_MEGAKERNEL_VARIANT), and a speed run for each that
@@ -357,8 +357,8 @@ stage_deep() {
     vl=$(echo ${MK_DEEP_VARIANT:-} | awk '{print $NF}')
     n=${MK_DEEP_N:-256}
     for d in ${MK_DEEP:-2048 4096}; do
-        p=$(long_prompt $((d/16)))
-        c=$(( (d + n + 128 + 255)/256*256 ))
+        p=$(long_prompt $((d/15)))
+        c=$(( (d + n + 256 + 255)/256*256 ))
         log "deep: checks at a ~$d-token prompt on $m (-c $c)${vl:+, kernel variant $vl}"
         env ${vl:+LLAMA_MEGAKERNEL_VARIANT=$vl} "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 16 --rounds 0 -c "$c" --max-nmse 10 --max-disagree 1000 2>&1 |
             tee -a "$OUT/deep.log" | grep -E "verify ==|NMSE|greedy|hidden states, verify|FAIL"

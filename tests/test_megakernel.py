@@ -734,7 +734,7 @@ def test_test_mk_short_checks_for_the_sanitizer(tmp_path, cpu_build, gemma_model
 
 def test_test_mk_takes_a_prompt_longer_than_a_batch(tmp_path, cpu_build, gemma_model):
     """device.sh stage deep gives test-mk prompts of thousands of tokens: they are decoded in pieces of the context's
-    n_batch (512), not refused by llama_decode, and the checks run after them (here ~650 tokens)"""
+    n_batch (512), not refused by llama_decode, and the checks run after them (here 601 tokens)"""
     exe = _build_test_mk(tmp_path, cpu_build)
     env = dict(os.environ, GGML_CPU_BATCH_INVARIANT="32")
     prompt = " ".join(["The quick brown fox jumps over the lazy dog near the old river bank."]*40)

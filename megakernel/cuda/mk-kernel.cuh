@@ -2313,8 +2313,8 @@ MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max
 
 // variant GGML_MK_VAR_TWO_UNITS: the block-per-(token, head, group) attention takes two units a round, warps
 // 0..MK_ATT_GROUP-1 the first and the next MK_ATT_GROUP warps the second (otherwise idle), where a step has more units
-// (n_units: tokens x heads x groups) than blocks: deep contexts, e.g. E4B's global layers at ~7700 cells, 960 units on 132
-// blocks, 4 rounds of a chunk's latency instead of 8 (where the step is 0.76x the graph's: NOTES.md session 43). Each chunk
+// (n_units: tokens x heads x groups) than blocks: deep contexts, e.g. E4B's global layers at ~7200-7500 cells, ~900-940
+// units on 132 blocks, 4 rounds of a chunk's latency instead of 7-8 (where the step is 0.76x the graph's: NOTES.md session 43). Each chunk
 // and each combine as in one unit a round, in the same order: the same bits. Not for the list as one group
 // (GGML_MK_VAR_ONE_GROUP: chunks past the warps) or the warp's combine (GGML_MK_VAR_WARP_COMBINE), and only where two
 // groups' chunk slots fit in bytes
@@ -2803,7 +2803,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                         }
                     }
                 }
-                mk_prof_at(prof, MK_PH_AT_COMB);
+                mk_prof_at(prof, MK_PH_AT_COMB);   // (both units' combines, the groups' too: no MK_PH_AT_GROUPS here)
                 __syncthreads();   // the slots and w are rewritten in the next round
             }
             return true;
