@@ -209,7 +209,12 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
             # round; also on a schedule with a slow block (the groups' last arrival: either unit of a round)
             "0x80-big": ["--smem", "227000", "--stages", "8", "--verify", "2,3,5,8", "--variant", "0x80", "--vs-default"],
             "0x80-slow": ["--smem", "227000", "--stages", "8", "--blocks", "3", "--slow-block", "1", "--verify", "2,3,5,8",
-                          "--variant", "0x80", "--vs-default"]}
+                          "--variant", "0x80", "--vs-default"],
+            # chunks of 8 cells, a GPU's (ggml_mk_att_chunk up to 8192 cells; the emulation's model takes 4): every
+            # chunk's transposed V rows of the global layer in 16-byte loads of 8 cells (with 4, every other chunk)
+            "chunk8": ["--chunk", "8", "--verify", "2,3,5,8"],
+            "0x80-chunk8-big": ["--chunk", "8", "--smem", "227000", "--stages", "8", "--verify", "2,3,5,8", "--variant", "0x80",
+                                "--vs-default"]}
 
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))

@@ -43,6 +43,7 @@ int main(int argc, char ** argv) {
     int smem = 3*MK_WARPS*MK_STAGE_BYTES + 2*8*(int) MK_XS_GROUP + 2*8*MK_XQ_REC;   // 2 columns of 256 values
     bool vs_default = false, gemma3 = false;
     int n_blocks = 2;
+    int att_chunk = 0;   // --chunk: the attention chunk in cells (0: the model's 4, mk_ref.h)
     std::vector<int> verify_m = { 4 };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -74,9 +75,11 @@ int main(int argc, char ** argv) {
             n_blocks = atoi(argv[++i]);
         } else if (a == "--slow-block" && i + 1 < argc) {
             emu_slow_block = atoi(argv[++i]);
+        } else if (a == "--chunk" && i + 1 < argc) {
+            att_chunk = atoi(argv[++i]);
         } else {
             fprintf(stderr, "usage: %s [--planted] [--variant BITS] [--vs-default] [--gemma3] [--smem BYTES] [--stages N] "
-                    "[--verify M,...] [--blocks N] [--slow-block B]\n", argv[0]);
+                    "[--verify M,...] [--blocks N] [--slow-block B] [--chunk CELLS]\n", argv[0]);
             return 2;
         }
     }
@@ -91,6 +94,9 @@ int main(int argc, char ** argv) {
     model mm;
     build(mm, defs, GGML_TYPE_Q8_0, MK_REF_Q8 | ((variant & GGML_MK_VAR_KQ_FLOAT) ? 0 : MK_REF_KQ8), gemma3);
     ggml_mk_model & M_ = *mm.md;
+    if (att_chunk > 0) {
+        M_.att_chunk = att_chunk;   // (--chunk 8: a GPU's chunk up to 8192 cells, ggml_mk_att_chunk)
+    }
     const int base_flags = planted ? GGML_MK_DEBUG_NO_GRID_BARRIER : 0;
     M_.debug_flags = base_flags | variant;
     if (gemma3) {
