@@ -86,6 +86,21 @@ stage_build() {
     log "build done in $((SECONDS - t0)) s"
 }
 
+model_path() {
+    case "$1" in
+    small|small-f16|small-h|tiny-f16) echo "$MODELS/$1/gemma4-synth-target.gguf" ;;
+    *)     echo "$MODELS/$1.gguf" ;;
+    esac
+}
+
+# model $1's files are there (stage models makes them only if not; preflight asks no tokenizer for them)
+model_made() {
+    case "$1" in
+    e2b|e4b|e2b-mtp|e4b-mtp) [ -f "$MODELS/$1.gguf" ] && [ -f "$MODELS/$1-assistant.gguf" ] ;;
+    *) [ -f "$(model_path "$1")" ] ;;
+    esac
+}
+
 stage_models() {
     local m   # (e2b-q4km / e4b-q4km call this for their base model)
     for m in ${MK_MODELS:-small}; do
@@ -95,24 +110,24 @@ stage_models() {
             [ "$m" != small ] && mt=F16
             [ "$m" = small-h ] && hg=1   # the assistant reads the target's hidden state strongly (server: draft-mtp)
             [ "$m" = tiny-f16 ] && nv=4096   # the tokenizer's first 4096 tokens: a 64x smaller LM head (racecheck)
-            [ -f "$MODELS/$m/gemma4-synth-target.gguf" ] || \
+            model_made "$m" || \
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/harness/synth_gemma4.py" --matrix-type $mt --h-gain $hg \
                     --n-vocab $nv --tokenizer-from "$DEV/mk/tokenizer.gguf" --out-dir "$MODELS/$m" | tail -1 ;;
         gemma3)
             [ -f "$MODELS/gemma3.gguf" ] || { echo "gemma3: not received (stage receive)"; return 1; } ;;
         e2b|e4b)
-            [ -f "$MODELS/$m.gguf" ] && [ -f "$MODELS/$m-assistant.gguf" ] || \
+            model_made "$m" || \
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/megakernel/synth_gpu.py" --shape "$m" \
                     --tokenizer-from "$DEV/mk/tokenizer.gguf" --out "$MODELS/$m.gguf" --assistant "$MODELS/$m-assistant.gguf" \
                     ${MK_SYNTH_ARGS:-} | tail -3 ;;
         e2b-mtp|e4b-mtp)   # structured pair: the drafts' acceptance set by the target's noise (synth_gpu --noise)
-            [ -f "$MODELS/$m.gguf" ] && [ -f "$MODELS/$m-assistant.gguf" ] || \
+            model_made "$m" || \
                 PYTHONPATH="$SRC/gguf-py:$HERE" python3 "$HERE/megakernel/synth_gpu.py" --shape "${m%-mtp}" --noise 1 \
                     --tokenizer-from "$DEV/mk/tokenizer.gguf" --out "$MODELS/$m.gguf" --assistant "$MODELS/$m-assistant.gguf" \
                     ${MK_SYNTH_ARGS:-} | tail -3 ;;
         e2b-q4km|e4b-q4km)   # the same target requantized by llama-quantize to Q4_K_M (its per-tensor choices: Q4_K, Q6_K
             # for attn_v / ffn_down in its use_more_bits layers and for the output): the K-quant mat-vecs (session 27)
-            if [ ! -f "$MODELS/$m.gguf" ]; then
+            if ! model_made "$m"; then
                 MK_MODELS="${m%-q4km}" stage_models || return 1
                 [ -x "$BLD/bin/llama-quantize" ] || { echo "$m: no $BLD/bin/llama-quantize (stage build with MK_MODELS=$m builds it)"; return 1; }
                 log "$m: llama-quantize --allow-requantize ${m%-q4km}.gguf Q4_K_M"
@@ -155,13 +170,6 @@ stage_receive() {
         fi
         mv "$part" "$MODELS/gemma3.gguf" && log "gemma3 complete, sha256 ok"
     fi
-}
-
-model_path() {
-    case "$1" in
-    small|small-f16|small-h|tiny-f16) echo "$MODELS/$1/gemma4-synth-target.gguf" ;;
-    *)     echo "$MODELS/$1.gguf" ;;
-    esac
 }
 
 stage_test() {
@@ -515,12 +523,9 @@ preflight() {
     for st in "$@"; do
         [ "$st" = models ] || continue
         for m in ${MK_MODELS:-small}; do
-            case "$m" in
-            gemma3) continue ;;   # (carried whole: stage receive)
-            e2b|e4b|e2b-mtp|e4b-mtp) [ -f "$MODELS/$m.gguf" ] && [ -f "$MODELS/$m-assistant.gguf" ] && continue ;;
-            e2b-q4km|e4b-q4km) [ -f "$MODELS/$m.gguf" ] || [ -f "$MODELS/${m%-q4km}.gguf" ] && continue ;;
-            *) [ -f "$(model_path "$m")" ] && continue ;;
-            esac
+            [ "$m" = gemma3 ] && continue   # (carried whole: stage receive)
+            model_made "$m" && continue
+            case "$m" in *-q4km) model_made "${m%-q4km}" && continue ;; esac   # (requantized from its base model)
             if [ ! -f "$DEV/mk/tokenizer.gguf" ]; then
                 echo "device.sh: model $m is made from $DEV/mk/tokenizer.gguf, which is missing: make it here with"
                 echo "  .venv/bin/python harness/synth_gemma4.py --tokenizer-from \"\$(.venv/bin/stq-metal model)\" --tokenizer-only .dev/mk/tokenizer.gguf"

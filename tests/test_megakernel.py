@@ -747,7 +747,13 @@ def test_test_mk_takes_a_prompt_longer_than_a_batch(tmp_path, cpu_build, gemma_m
                         "--verify-max", "2", "--hidden-batches", "0"], capture_output=True, text=True, timeout=900, env=env)
     out = r.stdout + r.stderr
     assert "llama_decode failed" not in out, out[-3000:]
+    # (15 tokens a sentence and BOS: the count device.sh stage deep sizes its prompts by)
+    assert "test-mk: prompt of 601 tokens, context of 1024 cells" in out, out[-3000:]
     assert "verify == decode (bitwise), M = 2..2: ok" in out and r.returncode == 0 and "test-mk: passed" in out, out[-3000:]
+    # a prompt the context cannot hold: refused by name, not a decode error
+    r = subprocess.run([str(exe), "-m", str(gemma_model), "-p", prompt, "-c", "512"], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 2 and "the prompt (601 tokens) does not fit the context: -c 512" in r.stderr, r.stdout + r.stderr
 
 
 def test_test_mk_variant_other_bits_is_judged_by_closeness(tmp_path, cpu_build, gemma_model):

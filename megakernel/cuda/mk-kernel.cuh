@@ -2758,7 +2758,9 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         if constexpr (TWO) {
             // units u0 and u0 + gridDim.x in one round (the units a block took one after the other before): warp wb
             // takes chunk wc of unit hw's group into that unit's slots; then the block combines the first unit's
-            // group, then the second's, each as below (the last block of a (token, head) also combines its groups)
+            // group, then the second's, each as below (the last block of a (token, head) also combines its groups).
+            // (The combine steps repeat the one-unit loop's below while the variant is measured: if it wins, this loop
+            // takes one unit a round too and the other goes)
             const int nu = M*L.n_head*ng;
             const int hw = wb / MK_ATT_GROUP;   // (2 and up: idle warps where MK_WARPS > 2*MK_ATT_GROUP)
             const int wc = wb - hw*MK_ATT_GROUP;

@@ -252,6 +252,11 @@ int main(int argc, char ** argv) {
         np = llama_tokenize(vocab, prompt_text.c_str(), (int) prompt_text.size(), prompt.data(), (int) prompt.size(), true, true);
     }
     prompt.resize(np);
+    printf("test-mk: prompt of %d tokens, context of %d cells\n", np, n_ctx);
+    if (np >= n_ctx) {
+        fprintf(stderr, "test-mk: the prompt (%d tokens) does not fit the context: -c %d, want more than %d\n", np, n_ctx, np);
+        return 2;
+    }
 
     ctx_t A = make_ctx(model, true, n_ctx, fa);
     ctx_t B = make_ctx(model, false, n_ctx, fa);
