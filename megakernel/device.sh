@@ -358,28 +358,30 @@ stage_ctx() {
 # (default 256) after the prompt, and the per-phase profile there (M = 1 lines) -> deep.log. MK_DEEP_VARIANT: kernel
 # variants (one or more): the checks with the last of them on (LLAMA_MEGAKERNEL_VARIANT), and a speed run for each that
 # also times it against the default (as stage bench's MK_VARIANT, with MK_VARIANT_OTHER_BITS); the profile stays the
-# default kernel's
+# default kernel's. MK_DEEP_FA: test-mk's --fa for all of it (default 0: V cached transposed; 1, llama-server's default on
+# CUDA: V rows as K's, and the graph's flash attention)
 stage_deep() {
-    local m d p c n v vl rc=0
+    local m d p c n v vl fa rc=0
     m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')
     vl=$(echo ${MK_DEEP_VARIANT:-} | awk '{print $NF}')
     n=${MK_DEEP_N:-256}
+    fa=${MK_DEEP_FA:-0}
     for d in ${MK_DEEP:-2048 4096}; do
         p=$(long_prompt $((d/15)))
         c=$(( (d + n + 256 + 255)/256*256 ))
-        log "deep: checks at a ~$d-token prompt on $m (-c $c)${vl:+, kernel variant $vl}"
-        env ${vl:+LLAMA_MEGAKERNEL_VARIANT=$vl} "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 16 --rounds 0 -c "$c" --max-nmse 10 --max-disagree 1000 2>&1 |
+        log "deep: checks at a ~$d-token prompt on $m (-c $c, --fa $fa)${vl:+, kernel variant $vl}"
+        env ${vl:+LLAMA_MEGAKERNEL_VARIANT=$vl} "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 16 --rounds 0 -c "$c" --fa "$fa" --max-nmse 10 --max-disagree 1000 2>&1 |
             tee -a "$OUT/deep.log" | grep -E "verify ==|NMSE|greedy|hidden states, verify|FAIL"
         [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
         for v in ${MK_DEEP_VARIANT:-none}; do
             [ "$v" = none ] && v=""
             log "deep: greedy tg$n after the ~$d-token prompt, megakernel vs graph${v:+ vs variant $v}"
-            "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 2 --bench-n "$n" -c "$c" --max-nmse 10 \
+            "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 2 --bench-n "$n" -c "$c" --fa "$fa" --max-nmse 10 \
                 --max-disagree 1000 ${v:+--variant "$v"} ${v:+${MK_VARIANT_OTHER_BITS:+--variant-other-bits}} 2>&1 |
                 tee -a "$OUT/deep.log" | grep -E "^speed|^variant"
         done
         log "deep: per-phase profile after the ~$d-token prompt (tg64)"
-        LLAMA_MEGAKERNEL_PROFILE=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 1 --bench-n 64 -c "$c" \
+        LLAMA_MEGAKERNEL_PROFILE=1 "$BLD/bin/test-mk" -m "$(model_path "$m")" -p "$p" -n 4 --rounds 1 --bench-n 64 -c "$c" --fa "$fa" \
             --max-nmse 10 --max-disagree 1000 2>&1 | tee -a "$OUT/deep.log" | grep -E "llama_mk profile" | grep -E "token:|M=1 "
     done
     return "$rc"
