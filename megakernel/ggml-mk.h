@@ -128,7 +128,11 @@ struct ggml_mk_model {
                                               // whatever its width and batch (the default: only where mk_once_on's bound
                                               // says the grid barrier it adds pays); the same bits
 #define GGML_MK_VAR_GENERIC_M         0x400   // (before) one-token steps through the mat-vec code made for any batch
-#define GGML_MK_VAR_ALL_CHUNKS        0x800   // (before) attention runs every chunk below n_kv, seen or not
+#define GGML_MK_VAR_LOAD_PAIRS        0x800   // the block way's attention of 512-dim heads (2 cells a step) loads two steps' cells
+                                              // per round trip (transposed V: 8 bytes of a row, 4 cells, not 4 bytes) and reads
+                                              // the unit's Q from shared memory (the registers the second step's K/V take); the
+                                              // same steps in the same order: the same bits. Session 44 (the bit was
+                                              // GGML_MK_VAR_ALL_CHUNKS, attention over every chunk, measured and retired)
 #define GGML_MK_VAR_DEVICE_ATT        0x1000  // (before) attention always the device-wide way (partial results through L2, a
                                               // counter per (token, head)), not one block per (token, head) where it fits
 #define GGML_MK_VAR_CP_ASYNC          0x2000  // weight tiles as 16-byte cp.async per lane (the path of sm_80..89 devices), not

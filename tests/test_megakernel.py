@@ -91,14 +91,14 @@ KQ_EMU = KERNEL_EMU.parent / "mk_kq_emu.cpp"
 
 
 def _build_kernel_emu(exe: Path, cpu_build: Path, first_inc: Path | None = None, source: Path = KERNEL_EMU,
-                      sb: int = 3) -> Path:
+                      sb: int = 3, defines: tuple[str, ...] = ()) -> Path:
     """the kernel emulation (or source: another program on the kernel's source); first_inc: a directory searched first
     for mk-kernel.cuh (a mutated copy); sb: MK_SB, the staging's load batch (the GPU's is 2: the emulation's 3 by default,
-    so that its batches differ from the code made for up to 4 columns)"""
+    so that its batches differ from the code made for up to 4 columns); defines: more -D macros (MK_ATT_HD4_64)"""
     src = source_tree(cpu_build)
     lib = cpu_build / "bin"
     inc = [f"-I{first_inc}"] if first_inc else []
-    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", f"-DMK_SB={sb}", *inc,
+    cmd = [cxx(), "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-ffp-contract=off", f"-DMK_SB={sb}", *defines, *inc,
            f"-I{src}/ggml/include",
            f"-I{src}/ggml/src", f"-I{MK}", f"-I{MK / 'cuda'}", f"-I{KERNEL_EMU.parent}", str(source), "-o", str(exe),
            f"-L{lib}", "-lggml-base", f"-Wl,-rpath,{lib}"]
@@ -115,7 +115,8 @@ def _planted_bug_fails(tmp_path: Path, cpu_build: Path, old: str, new: str, sour
     assert r.returncode != 0 and re.search(fail, r.stdout, re.M), f"{what} went unnoticed:\n{r.stdout[-3000:]}"
 
 
-def _mutated_kernel_emu(tmp_path: Path, cpu_build: Path, old: str, new: str, source: Path = KERNEL_EMU) -> Path:
+def _mutated_kernel_emu(tmp_path: Path, cpu_build: Path, old: str, new: str, source: Path = KERNEL_EMU,
+                        defines: tuple[str, ...] = ()) -> Path:
     """the kernel emulation built with a planted bug: mk-kernel.cuh with old (present exactly once) replaced by new"""
     kernel = MK / "cuda" / "mk-kernel.cuh"
     text = kernel.read_text()
@@ -123,7 +124,7 @@ def _mutated_kernel_emu(tmp_path: Path, cpu_build: Path, old: str, new: str, sou
     mut = tmp_path / "inc"
     mut.mkdir()
     (mut / kernel.name).write_text(text.replace(old, new, 1))
-    return _build_kernel_emu(tmp_path / source.stem, cpu_build, first_inc=mut, source=source)
+    return _build_kernel_emu(tmp_path / source.stem, cpu_build, first_inc=mut, source=source, defines=defines)
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +132,24 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
     return _build_kernel_emu(tmp_path_factory.mktemp("mk_kernel_emu") / "mk_kernel_emu", cpu_build)
 
 
+# the emulation's heads are 64 and 128 dims, which take the attention's NP = 4 code (8 cells a step); built with
+# MK_ATT_HD4=64 its 128-dim global layer takes the code of heads over 256 dims (NP = 8, 2 cells a step: E4B's 512-dim
+# global layers) instead
+MK_ATT_HD4_64 = ("-DMK_ATT_HD4=64",)
+
+
+@pytest.fixture(scope="module")
+def kernel_emu_np8(tmp_path_factory, cpu_build) -> Path:
+    return _build_kernel_emu(tmp_path_factory.mktemp("mk_kernel_emu_np8") / "mk_kernel_emu", cpu_build, defines=MK_ATT_HD4_64)
+
+
 # default: little shared memory (verify mat-vecs in passes of 2 columns, 3 weight stages per warp); big: an H200's
 # with up to 8 stages (one pass, 6 weight stages per warp fit; attention one block per (token, head) throughout);
-# the weight tiles come by bulk copies (they land only at their mbarrier wait in the emulation) except in the 0x3c00
-# run: GGML_MK_VAR_CP_ASYNC (the path of sm_80..89 devices) | GGML_MK_VAR_DEVICE_ATT | GGML_MK_VAR_GENERIC_M |
-# GGML_MK_VAR_ALL_CHUNKS (in the default run the attention's
-# partial results fit in shared memory for some steps and not for others: both ways)
+# the weight tiles come by bulk copies (they land only at their mbarrier wait in the emulation) except in the 0x3400
+# run: GGML_MK_VAR_CP_ASYNC (the path of sm_80..89 devices) | GGML_MK_VAR_DEVICE_ATT | GGML_MK_VAR_GENERIC_M (in the
+# default run the attention's partial results fit in shared memory for some steps and not for others: both ways)
 # (every run's verify step of M = 4 runs the mat-vec and staging code made for up to 4 columns, the 0x400000 run's the
-# any-batch code, 0x3c00's one-token steps the any-batch code too: a one-token step through the typed pair loop, two rows
+# any-batch code, 0x3400's one-token steps the any-batch code too: a one-token step through the typed pair loop, two rows
 # at a time, and the one-round staging must give the same bits)
 # 0x4000: GGML_MK_VAR_FOLD_HEADS (no heads phase: the attention computes Q and the step's K/V rows itself), every step also
 # run by the default kernel on a second cache (--vs-default: logits, hidden rows and caches bitwise equal); with the little
@@ -175,7 +186,7 @@ def kernel_emu(tmp_path_factory, cpu_build) -> Path:
 # rows' bits, which test_cuda_kquant_dot_products_at_e4b_widths checks at E4B's widths)
 # 0x8000000: GGML_MK_VAR_FLOAT_GROUPS (before: F32 / F16 / BF16 weights a 32-value group per lane): a lane's sums in
 # another order, so no bitwise comparison with the default
-EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00": ["--variant", "0x3c00"],
+EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3400": ["--variant", "0x3400"],
             "0x4000": ["--variant", "0x4000", "--vs-default"], "0x8000": ["--variant", "0x8000", "--vs-default"],
             "0x10000": ["--variant", "0x10000", "--vs-default"],
             "0x4000-gemma3-big": ["--gemma3", "--variant", "0x4000", "--vs-default", "--smem", "227000", "--stages", "8"],
@@ -219,7 +230,42 @@ EMU_RUNS = {"default": [], "big": ["--smem", "227000", "--stages", "8"], "0x3c00
 
 @pytest.mark.parametrize("variant", list(EMU_RUNS))
 def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
-    args = EMU_RUNS[variant]
+    _check_emu_run(kernel_emu, variant, EMU_RUNS[variant])
+
+
+# the NP = 8 attention code (MK_ATT_HD4=64: the emulation's global layer through the code of E4B's 512-dim heads): the
+# default, and 0x800 (GGML_MK_VAR_LOAD_PAIRS: two steps' cells a load round trip, the transposed V rows' 4 cells in one
+# 8-byte load, the unit's Q in shared memory) bitwise against it, alone, with an H200's shared memory and verify batches,
+# and with 0x80's two units a round and chunks of 8 (a GPU's)
+EMU_RUNS_NP8 = {"default": ["--verify", "2,3,5,8"],
+                "0x800": ["--variant", "0x800", "--vs-default"],
+                "0x800-big": ["--smem", "227000", "--stages", "8", "--verify", "2,3,5,8", "--variant", "0x800", "--vs-default"],
+                "0x880-chunk8-big": ["--chunk", "8", "--smem", "227000", "--stages", "8", "--verify", "2,3,5,8",
+                                     "--variant", "0x880", "--vs-default"]}
+
+
+@pytest.mark.parametrize("variant", list(EMU_RUNS_NP8))
+def test_cuda_kernel_on_host_np8_attention_matches_float64_reference(kernel_emu_np8, variant):
+    _check_emu_run(kernel_emu_np8, variant, EMU_RUNS_NP8[variant])
+
+
+def test_cuda_kernel_on_host_load_pairs_planted_bug_fails(tmp_path, cpu_build):
+    """variant 0x800's 8-byte loads of transposed V (4 cells of a dimension; the NP = 8 code, MK_ATT_HD4=64): dimension
+    d + 1's two words swapped must fail the variant's run (against the float64 reference and the default bitwise) and
+    leave the default's run as it was (it never takes the path)"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, "vr[(CL/2) % CL][i] = x1.x; vr[(CL/2 + 1) % CL][i] = x1.y;",
+                              "vr[(CL/2) % CL][i] = x1.y; vr[(CL/2 + 1) % CL][i] = x1.x;", defines=MK_ATT_HD4_64)
+    r = subprocess.run([str(exe), *EMU_RUNS_NP8["0x800"]], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and re.search(r"^FAIL variant 0x800: step", r.stdout, re.M), \
+        f"wrong 8-byte V loads went unnoticed (does 0x800 still take them?):\n{r.stdout[-3000:]}"
+    r = subprocess.run([str(exe), *EMU_RUNS_NP8["default"]], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK verify M=8: 0 of 8 rows differ" in r.stdout, \
+        f"the planted bug reached the default's loads:\n{r.stdout[-3000:]}"
+
+
+def _check_emu_run(kernel_emu: Path, variant: str, args: list[str]) -> None:
+    """one run of a kernel emulation: its checks against the float64 reference, verify == one-token steps, the variant
+    == the default kernel (--vs-default), and the ways its steps took"""
     r = subprocess.run([str(kernel_emu), *args], capture_output=True, text=True, timeout=900)
     print(r.stdout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
@@ -250,8 +296,8 @@ def test_cuda_kernel_on_host_matches_float64_reference(kernel_emu, variant):
     two = re.search(r"^attention two units a round \(more units than blocks\): (\d+) of (\d+) layer steps"
                     r"(?: \(the default kernel: (\d+)\))?$", r.stdout, re.M)
     assert two, r.stdout
-    if variant.startswith("0x80-"):   # the variant took two units a round in some steps (a context of several groups
-        # on 2-3 blocks), the default it equals bitwise in none
+    if var & 0x80:   # the variant took two units a round in some steps (a context of several groups on 2-3 blocks; its
+        # runs have the large shared memory), the default it equals bitwise in none
         assert 0 < int(two.group(1)) < int(two.group(2)) and two.group(3) == "0", two.group(0)
     else:   # only the variant takes two
         assert two.group(1) == "0", two.group(0)

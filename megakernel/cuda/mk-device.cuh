@@ -41,6 +41,11 @@ static __device__ __forceinline__ uint4 mk_ldcg_u32x4(const uint4 * p) {
     asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
     return v;
 }
+static __device__ __forceinline__ uint2 mk_ldcg_u32x2(const uint2 * p) {
+    uint2 v;
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+    return v;
+}
 static __device__ __forceinline__ unsigned mk_ldcg_u32(const unsigned * p) {
     unsigned v;
     asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");

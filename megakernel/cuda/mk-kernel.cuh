@@ -113,17 +113,15 @@ struct mk_dstep {
 
 // host: fill ds.n_ch/ds.ch from the step's masks ([M][n_kv] additive, -INFINITY = not seen; NULL = cache not
 // used); at least one chunk per cache (a cache nobody sees gives chunk 0, all masked: zeros, as before).
-// flags: the model's debug_flags (GGML_MK_VAR_ALL_CHUNKS: every chunk below n_kv, the behaviour before the lists;
-// GGML_MK_VAR_HALF_GROUPS: groups of MK_ATT_GROUP_HALF chunks)
+// flags: the model's debug_flags (GGML_MK_VAR_HALF_GROUPS: groups of MK_ATT_GROUP_HALF chunks)
 static inline void mk_step_chunks(mk_dstep & ds, const float * const * mask, int M, int CH, int flags) {
-    const bool all = (flags & GGML_MK_VAR_ALL_CHUNKS) != 0;
     const int G = (flags & GGML_MK_VAR_HALF_GROUPS) ? MK_ATT_GROUP_HALF : MK_ATT_GROUP;
     for (int c = 0; c < GGML_MK_N_CACHES; ++c) {
         const int n_kv = ds.n_kv[c];
         int n = 0;
         for (int k = 0; k*CH < n_kv && n < MK_CH_MAX; ++k) {
             const int i1 = (k + 1)*CH < n_kv ? (k + 1)*CH : n_kv;
-            bool seen = all;
+            bool seen = false;
             for (int m = 0; m < M && mask[c] && !seen; ++m) {
                 const float * row = mask[c] + (size_t) m*n_kv;
                 for (int i = k*CH; i < i1; ++i) {
@@ -2318,10 +2316,14 @@ MK_HOSTDEV mk_fold mk_fold_plan(const ggml_mk_layer & L, int M, int nch, int max
 // and each combine as in one unit a round, in the same order: the same bits. Not for the list as one group
 // (GGML_MK_VAR_ONE_GROUP: chunks past the warps) or the warp's combine (GGML_MK_VAR_WARP_COMBINE), and only where two
 // groups' chunk slots fit in bytes
+// (with GGML_MK_VAR_LOAD_PAIRS also both units' Q rows, mk_att_q_floats)
+MK_HOSTDEV int mk_att_q_floats(int flags, int units, int max_head_dim) {
+    return (flags & GGML_MK_VAR_LOAD_PAIRS) ? units*max_head_dim : 0;
+}
 MK_HOSTDEV bool mk_att_two(int flags, int n_units, int blocks, int max_head_dim, int bytes) {
     return (flags & GGML_MK_VAR_TWO_UNITS) && 2*MK_ATT_GROUP <= MK_WARPS && n_units > blocks &&
            !(flags & (GGML_MK_VAR_ONE_GROUP | GGML_MK_VAR_WARP_COMBINE)) &&
-           2*MK_ATT_GROUP*(4 + max_head_dim)*(int) sizeof(float) <= bytes;
+           (2*MK_ATT_GROUP*(4 + max_head_dim) + mk_att_q_floats(flags, 2, max_head_dim))*(int) sizeof(float) <= bytes;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2340,6 +2342,13 @@ MK_DEVICE float mk_lo(unsigned u) { return __half2float(__ushort_as_half((unsign
 MK_DEVICE float mk_hi(unsigned u) { return __half2float(__ushort_as_half((unsigned short) (u >> 16))); }
 
 template <bool B> struct mk_bool { static constexpr bool value = B; };
+
+// head dims up to MK_ATT_HD4 take the attention's instantiation of 4 dimension pairs a lane (NP = 4, 8 cells a step),
+// larger ones NP = GGML_MK_MAX_HEAD_DIM/64 (2 cells a step: E4B's 512-dim global layers). (A second kernel emulation
+// builds with 64: its 128-dim global layer then takes the larger one's code)
+#ifndef MK_ATT_HD4
+#define MK_ATT_HD4 256
+#endif
 
 // a value of the attention's partial results: in this block's shared memory (SH) or written by other blocks (L2)
 template <bool SH>
@@ -2378,12 +2387,16 @@ MK_DEVICE_FN bool mk_fold_on(const mk_args & a, int il, int M) {
 // later steps read them after the grid barriers as before)
 // CPI_: cells a step (0: the default for NP; GGML_MK_VAR_CHUNK4's instantiation takes 4)
 // TWO (with BLK, not FOLD; where mk_att_two says so: the caller, mk_attention_blk, asks first): two units a round
-template <int NP, bool BLK, bool FOLD = false, int CPI_ = 0, bool TWO = false>
+// LD2 (with BLK, not FOLD; GGML_MK_VAR_LOAD_PAIRS): two steps' cells per load round trip, the unit's Q in shared memory
+template <int NP, bool BLK, bool FOLD = false, int CPI_ = 0, bool TWO = false, bool LD2 = false>
 MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     static_assert(!FOLD || BLK, "the fold is the block-per-(token, head) way's");
     static_assert(!TWO || (BLK && !FOLD && 2*MK_ATT_GROUP <= MK_WARPS), "two units a round: the block way's, a group a half");
+    static_assert(!LD2 || (BLK && !FOLD), "load pairs: the block way's (the unit's Q staged in shared memory)");
     constexpr int CPI = CPI_ > 0 ? CPI_ : (NP > 4 ? 2 : 8);   // cells per step (registers: K and V of CPI cells)
-    static_assert(CPI <= WARP_SIZE, "one lane per cell for the mask");
+    constexpr int LDS = LD2 ? 2 : 1;                          // steps per load round trip
+    constexpr int CL  = CPI*LDS;                              // cells per load round trip
+    static_assert(CL <= WARP_SIZE && CPI % 2 == 0, "one lane per cell for the mask; transposed V: cell pairs");
     const ggml_mk_layer & L = a.m->layers[il];
     const mk_dstep & st = *a.st;
     const int lane   = threadIdx.x % WARP_SIZE;
@@ -2404,14 +2417,19 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     const bool vt16  = vt && kv.v_sd % 16 == 0 && kv.v_sc == 2 &&
                        ((uintptr_t) kv.v % 16) == 0 && (kv.v_sh % 16) == 0 &&
                        (n_kv + 7)/8*8 <= (int) (kv.v_sd/2);   // (a load may pass n_kv, never the row)
+    // (LD2 with 2 cells a step: 8-byte loads of 4 cells where rows are 8-byte aligned)
+    const bool vt8   = vt && kv.v_sd % 8 == 0 && kv.v_sc == 2 &&
+                       ((uintptr_t) kv.v % 8) == 0 && (kv.v_sh % 8) == 0 &&
+                       (n_kv + 3)/4*4 <= (int) (kv.v_sd/2);
     const int PS     = 4 + a.m->max_head_dim;
     // FOLD: the block's area (mk_fold_plan): its Q, the chunks' slots after the fold's scratch
     const mk_fold F  = mk_fold_plan(L, M, nch, a.m->max_head_dim, a.xs_bytes + a.xq_bytes);
     float * slots    = FOLD ? sm + F.slots : sm;
     float * fq       = sm + F.q;
 
-    // chunk ck (of the step's list) of (token, head) mh: its running max, sum and weighted V sum
-    auto chunk = [&](int mh, int ck, float & mx, float & l, float (&a0)[NP], float (&a1)[NP]) {
+    // chunk ck (of the step's list) of (token, head) mh: its running max, sum and weighted V sum. qs (LD2): the
+    // (token, head)'s Q in shared memory, read where the scores use it (the default holds it in registers)
+    auto chunk = [&](int mh, int ck, float & mx, float & l, float (&a0)[NP], float (&a1)[NP], const float * qs) {
         const int ch  = st.ch[cache][ck];
         const int m   = mh / L.n_head;
         const int h   = mh % L.n_head;
@@ -2425,6 +2443,8 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             if constexpr (FOLD) {
                 q0[i] = i < np ? fq[2*lane + 64*i]     : 0.0f;
                 q1[i] = i < np ? fq[2*lane + 64*i + 1] : 0.0f;
+            } else if constexpr (LD2) {
+                (void) qs;   // (read below)
             } else {
                 q0[i] = i < np ? mk_ldcg(q + 2*lane + 64*i)     : 0.0f;
                 q1[i] = i < np ? mk_ldcg(q + 2*lane + 64*i + 1) : 0.0f;
@@ -2442,18 +2462,18 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         const char * vb = (const char *) kv.v + hkv*kv.v_sh;
         const int c0 = ch*CH;
         const int c1 = min(n_kv, c0 + CH);
-        for (int c = c0; c < c1; c += CPI) {
-            // the step's mask (one load per lane) and its cells' K and V rows are loaded together (cells below
-            // n_kv are valid memory, masked or not): one round trip per step; masked cells are skipped below
-            const float mlane = lane < CPI && c + lane < c1 ? mask[c + lane] : -INFINITY;
-            unsigned kr[CPI][NP];
-            unsigned vr[CPI][NP];   // plain V: cell j, dims (d, d+1); transposed: [w] cells 2w, 2w+1 of d, [CPI/2 + w] of d+1
+        for (int c = c0; c < c1; c += CL) {
+            // the mask of the round trip's cells (one load per lane) and their K and V rows are loaded together (cells
+            // below n_kv are valid memory, masked or not): one round trip per LDS steps; masked cells are skipped below
+            const float mlane = lane < CL && c + lane < c1 ? mask[c + lane] : -INFINITY;
+            unsigned kr[CL][NP];
+            unsigned vr[CL][NP];   // plain V: cell j, dims (d, d+1); transposed: [w] cells 2w, 2w+1 of d, [CL/2 + w] of d+1
             // cell c + j's rows through running pointers (a 64-bit multiply per cell and stream would hold every cell's
             // address in registers at once)
             const char * kp = kb + c*k_sc;
             const char * vp = vb + c*v_sc + 4*lane;
 #pragma unroll
-            for (int j = 0; j < CPI; ++j) {
+            for (int j = 0; j < CL; ++j) {
 #pragma unroll
                 for (int i = 0; i < NP; ++i) {
                     kr[j][i] = 0;
@@ -2477,89 +2497,111 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                     if (i < np) {
                         const unsigned * p0 = (const unsigned *) vd;
                         const unsigned * p1 = (const unsigned *) (vd + v_sd);
-                        if (CPI == 8 && vt16 && c % 8 == 0) {
+                        if (CL == 8 && vt16 && c % 8 == 0) {
                             // the 8 cells of a dimension in one 16-byte load (the cells past c1 are
                             // inside the cache row and never used)
                             const uint4 x0 = mk_ldcg_u32x4((const uint4 *) p0);
                             const uint4 x1 = mk_ldcg_u32x4((const uint4 *) p1);
-                            vr[0][i] = x0.x; vr[1 % CPI][i] = x0.y; vr[2 % CPI][i] = x0.z; vr[3 % CPI][i] = x0.w;
-                            vr[CPI/2][i] = x1.x; vr[(CPI/2 + 1) % CPI][i] = x1.y; vr[(CPI/2 + 2) % CPI][i] = x1.z; vr[(CPI/2 + 3) % CPI][i] = x1.w;
+                            vr[0][i] = x0.x; vr[1 % CL][i] = x0.y; vr[2 % CL][i] = x0.z; vr[3 % CL][i] = x0.w;
+                            vr[CL/2][i] = x1.x; vr[(CL/2 + 1) % CL][i] = x1.y; vr[(CL/2 + 2) % CL][i] = x1.z; vr[(CL/2 + 3) % CL][i] = x1.w;
+                            continue;
+                        }
+                        if (CL == 4 && vt8 && c % 4 == 0) {
+                            // the 4 cells of a dimension in one 8-byte load (as above)
+                            const uint2 x0 = mk_ldcg_u32x2((const uint2 *) p0);
+                            const uint2 x1 = mk_ldcg_u32x2((const uint2 *) p1);
+                            vr[0][i] = x0.x; vr[1 % CL][i] = x0.y;
+                            vr[(CL/2) % CL][i] = x1.x; vr[(CL/2 + 1) % CL][i] = x1.y;
                             continue;
                         }
 #pragma unroll
-                        for (int w = 0; w < CPI/2; ++w) {
+                        for (int w = 0; w < CL/2; ++w) {
                             if (c + 2*w < c1) {
-                                vr[w][i]         = mk_ldcg_u32(p0 + w);
-                                vr[CPI/2 + w][i] = mk_ldcg_u32(p1 + w);
+                                vr[w][i]        = mk_ldcg_u32(p0 + w);
+                                vr[CL/2 + w][i] = mk_ldcg_u32(p1 + w);
                             }
                         }
                     }
                 }
             }
-            float mv[CPI];
-            bool any = false;
+            // the round trip's steps, CPI cells each (cells c0s + jj, jj < CPI), in cell order
 #pragma unroll
-            for (int j = 0; j < CPI; ++j) {
-                mv[j] = __shfl_sync(0xffffffff, mlane, j);
-                any = any || mv[j] != -INFINITY;
-            }
-            if (!any) {
-                continue;
-            }
-            float sc[CPI];
+            for (int s = 0; s < LDS; ++s) {
+                float mv[CPI];
+                bool any = false;
 #pragma unroll
-            for (int j = 0; j < CPI; ++j) {
-                float s = 0.0f;
-#pragma unroll
-                for (int i = 0; i < NP; ++i) {
-                    s = fmaf(q0[i], mk_lo(kr[j][i]), s);
-                    s = fmaf(q1[i], mk_hi(kr[j][i]), s);
+                for (int jj = 0; jj < CPI; ++jj) {
+                    mv[jj] = __shfl_sync(0xffffffff, mlane, s*CPI + jj);
+                    any = any || mv[jj] != -INFINITY;
                 }
-                sc[j] = s;
-            }
-#pragma unroll
-            for (int j = 0; j < CPI; ++j) {
-                sc[j] = mk_warp_sum(sc[j]);
-            }
-            float mn = mx;
-#pragma unroll
-            for (int j = 0; j < CPI; ++j) {
-                sc[j] = fmaf(sc[j], a.m->kq_scale, mv[j]);
-                if (mv[j] != -INFINITY) {
-                    mn = fmaxf(mn, sc[j]);
-                }
-            }
-            const float corr = expf(mx - mn);
-            l = l*corr;
-#pragma unroll
-            for (int i = 0; i < NP; ++i) {
-                a0[i] *= corr;
-                a1[i] *= corr;
-            }
-#pragma unroll
-            for (int j = 0; j < CPI; ++j) {
-                if (mv[j] == -INFINITY) {
+                if (!any) {
                     continue;
                 }
-                const float p = expf(sc[j] - mn);
-                l += p;
+                float sc[CPI];
+#pragma unroll
+                for (int jj = 0; jj < CPI; ++jj) {
+                    const int j = s*CPI + jj;
+                    float sv = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < NP; ++i) {
+                        float qa, qb;
+                        if constexpr (LD2) {
+                            qa = i < np ? qs[2*lane + 64*i]     : 0.0f;
+                            qb = i < np ? qs[2*lane + 64*i + 1] : 0.0f;
+                        } else {
+                            qa = q0[i];
+                            qb = q1[i];
+                        }
+                        sv = fmaf(qa, mk_lo(kr[j][i]), sv);
+                        sv = fmaf(qb, mk_hi(kr[j][i]), sv);
+                    }
+                    sc[jj] = sv;
+                }
+#pragma unroll
+                for (int jj = 0; jj < CPI; ++jj) {
+                    sc[jj] = mk_warp_sum(sc[jj]);
+                }
+                float mn = mx;
+#pragma unroll
+                for (int jj = 0; jj < CPI; ++jj) {
+                    sc[jj] = fmaf(sc[jj], a.m->kq_scale, mv[jj]);
+                    if (mv[jj] != -INFINITY) {
+                        mn = fmaxf(mn, sc[jj]);
+                    }
+                }
+                const float corr = expf(mx - mn);
+                l = l*corr;
 #pragma unroll
                 for (int i = 0; i < NP; ++i) {
-                    float v0, v1;
-                    if (vt) {
-                        const unsigned w0 = vr[j/2][i];           // dim d:   cells (j&~1, j|1) in word j/2
-                        const unsigned w1 = vr[CPI/2 + j/2][i];   // dim d+1
-                        v0 = (j & 1) ? mk_hi(w0) : mk_lo(w0);
-                        v1 = (j & 1) ? mk_hi(w1) : mk_lo(w1);
-                    } else {
-                        v0 = mk_lo(vr[j][i]);
-                        v1 = mk_hi(vr[j][i]);
-                    }
-                    a0[i] = fmaf(p, v0, a0[i]);
-                    a1[i] = fmaf(p, v1, a1[i]);
+                    a0[i] *= corr;
+                    a1[i] *= corr;
                 }
+#pragma unroll
+                for (int jj = 0; jj < CPI; ++jj) {
+                    if (mv[jj] == -INFINITY) {
+                        continue;
+                    }
+                    const int j = s*CPI + jj;
+                    const float p = expf(sc[jj] - mn);
+                    l += p;
+#pragma unroll
+                    for (int i = 0; i < NP; ++i) {
+                        float v0, v1;
+                        if (vt) {
+                            const unsigned w0 = vr[j/2][i];          // dim d:   cells (j&~1, j|1) in word j/2
+                            const unsigned w1 = vr[CL/2 + j/2][i];   // dim d+1
+                            v0 = (j & 1) ? mk_hi(w0) : mk_lo(w0);
+                            v1 = (j & 1) ? mk_hi(w1) : mk_lo(w1);
+                        } else {
+                            v0 = mk_lo(vr[j][i]);
+                            v1 = mk_hi(vr[j][i]);
+                        }
+                        a0[i] = fmaf(p, v0, a0[i]);
+                        a1[i] = fmaf(p, v1, a1[i]);
+                    }
+                }
+                mx = mn;
             }
-            mx = mn;
         }
 
     };
@@ -2751,9 +2793,21 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         // writes its group's result to global memory and the last of them combines those (arrive_last). The same
         // chunk and combine arithmetic as the device-wide way, so the same bits
         const int gmax = one_group ? nch : MK_GRP_SLOTS(nch);
-        if (FOLD ? !F.fits : gmax > (a.xs_bytes + a.xq_bytes)/(PS*(int) sizeof(float))) {
+        // LD2: the units' Q after the slots (mk_att_two counted two units' where TWO)
+        const int nq = mk_att_q_floats(LD2 ? GGML_MK_VAR_LOAD_PAIRS : 0, 1, a.m->max_head_dim);
+        if (FOLD ? !F.fits : gmax*PS + nq > (a.xs_bytes + a.xq_bytes)/(int) sizeof(float)) {
             return false;
         }
+        float * qs0 = slots + (size_t) (TWO ? 2*MK_ATT_GROUP : gmax)*PS;
+        // LD2: (token, head) mh's Q into shared memory at dst (every thread; a block barrier before the chunks read it)
+        auto stage_q = [&](int mh, float * dst) {
+            const int m = mh / L.n_head;
+            const int h = mh % L.n_head;
+            const float * q = a.q + (size_t) m*a.m->max_q + h*hd;
+            for (int d = threadIdx.x; d < hd; d += MK_THREADS) {
+                dst[d] = mk_ldcg(q + d);
+            }
+        };
         const int wb = threadIdx.x / WARP_SIZE;
         if constexpr (TWO) {
             // units u0 and u0 + gridDim.x in one round (the units a block took one after the other before): warp wb
@@ -2768,13 +2822,19 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
             for (int u0 = blockIdx.x; u0 < nu; u0 += 2*gridDim.x) {
                 unsigned long long * prof = u0 == (int) blockIdx.x ? a.prof : nullptr;   // (block 0's first round)
                 mk_prof_at(prof, MK_PH_AT_PRO);
+                if constexpr (LD2) {
+                    for (int k = 0; k < 2 && u0 + k*(int) gridDim.x < nu; ++k) {
+                        stage_q((u0 + k*gridDim.x) / ng, qs0 + (size_t) k*a.m->max_head_dim);
+                    }
+                    __syncthreads();
+                }
                 const int uw = u0 + hw*gridDim.x;
                 if (hw < 2 && uw < nu) {
                     const int mh = uw / ng;
                     const int ck = grp[uw - mh*ng] + wc;
                     if (ck < grp[uw - mh*ng + 1]) {
                         float mx, l, a0[NP], a1[NP];
-                        chunk(mh, ck, mx, l, a0, a1);
+                        chunk(mh, ck, mx, l, a0, a1, qs0 + (size_t) hw*a.m->max_head_dim);
                         put(slots + (size_t) (hw*MK_ATT_GROUP + wc)*PS, mx, l, a0, a1);
                     }
                 }
@@ -2838,11 +2898,15 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                 }
                 __syncthreads();   // (the block's cache writes before its chunks read them back, through L2 as all cells)
             }
+            if constexpr (LD2) {
+                stage_q(mh, qs0);
+                __syncthreads();
+            }
             const int k0 = grp[g];
             const int k1 = grp[g + 1];
             for (int ck = k0 + wb; ck < k1; ck += MK_WARPS) {
                 float mx, l, a0[NP], a1[NP];
-                chunk(mh, ck, mx, l, a0, a1);
+                chunk(mh, ck, mx, l, a0, a1, qs0);
                 put(slots + (size_t) (ck - k0)*PS, mx, l, a0, a1);
             }
             mk_prof_at(prof, MK_PH_AT_WARP0);   // (thread 0: warp 0's own chunks done; the rest waits for the other warps)
@@ -2895,7 +2959,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
         const int ck = u % nch;               // the ck-th chunk of the list: its partial result's slot
         const int mh = u / nch;
         float mx, l, a0[NP], a1[NP];
-        chunk(mh, ck, mx, l, a0, a1);
+        chunk(mh, ck, mx, l, a0, a1, nullptr);
 
         // this chunk's partial result, then the (token, head)'s chunk count
         float * part = a.att_part + (size_t) mh*a.n_chunk*PS;
@@ -2924,10 +2988,18 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
 
 // the block-per-(token, head, group) attention of head dim 64*NP (one call site each): two units a round where
 // mk_att_two says so (GGML_MK_VAR_TWO_UNITS), else one (false: the device-wide way's turn, as mk_attention<NP, true>)
+// LD2 (GGML_MK_VAR_LOAD_PAIRS; 512-dim heads, 2 cells a step): two steps a load round trip, the unit's Q in shared memory
 template <int NP>
 MK_DEVICE_FN bool mk_attention_blk(const mk_args & a, int il, int M, float * sm) {
     const ggml_mk_layer & L = a.m->layers[il];
     const int nu = M*L.n_head*a.st->n_grp[L.is_swa ? 1 : 0];
+    constexpr bool LD2_OK = NP > 4;   // (the default's 2 cells a step; NP <= 4 takes 8 already)
+    if (LD2_OK && (a.flags & GGML_MK_VAR_LOAD_PAIRS)) {
+        if (mk_att_two(a.flags, nu, gridDim.x, a.m->max_head_dim, a.xs_bytes + a.xq_bytes)) {
+            return mk_attention<NP, true, false, 0, true, LD2_OK>(a, il, M, sm);
+        }
+        return mk_attention<NP, true, false, 0, false, LD2_OK>(a, il, M, sm);
+    }
     if (mk_att_two(a.flags, nu, gridDim.x, a.m->max_head_dim, a.xs_bytes + a.xq_bytes)) {
         return mk_attention<NP, true, false, 0, true>(a, il, M, sm);
     }
@@ -2941,7 +3013,7 @@ MK_DEVICE_FN bool mk_attention_c4(const mk_args & a, int il, int M, float * sm) 
 
 // the attention with the heads phase folded in (one call site in the kernel body: each call site costs it stack)
 MK_DEVICE_FN void mk_attention_fold(const mk_args & a, int il, int M, float * sm) {
-    if (a.m->layers[il].head_dim <= 256) {
+    if (a.m->layers[il].head_dim <= MK_ATT_HD4) {
         mk_attention<4, true, true>(a, il, M, sm);
     } else {
         mk_attention<GGML_MK_MAX_HEAD_DIM/64, true, true>(a, il, M, sm);
@@ -3281,7 +3353,7 @@ MK_DEVICE void mk_step(const mk_args & ka, const mk_draft_args * da, int j) {
 
         if (fold) {
             mk_attention_fold(a, il, M, xs);
-        } else if (L.head_dim <= 256) {
+        } else if (L.head_dim <= MK_ATT_HD4) {
             const bool blk = !(a.flags & GGML_MK_VAR_DEVICE_ATT) &&
                              ((a.flags & GGML_MK_VAR_CHUNK4) ? mk_attention_c4(a, il, M, xs) : mk_attention_blk<4>(a, il, M, xs));
             if (!blk) {

@@ -40,7 +40,7 @@ struct mk_cuda {
     int grid = 0;
     int n_ctx = 0;
     int att_chunk = 8;
-    int  flags = 0;            // the model's debug_flags (mk_step_chunks: GGML_MK_VAR_ALL_CHUNKS, _HALF_GROUPS)
+    int  flags = 0;            // the model's debug_flags (mk_step_chunks: GGML_MK_VAR_HALF_GROUPS)
     bool bulk = false;         // weight tiles by cp.async.bulk (sm_90+, not GGML_MK_VAR_CP_ASYNC)
     bool cl_ok = false;        // the grid may run as clusters of 2 blocks (mk_step_cl: a verify batch's staging split
                                // over each pair): sm_90+, an even grid, every pair resident at once

@@ -154,10 +154,19 @@ inline void * emu_shared(int id, size_t bytes) {
 #define MK_TRAP()    abort()
 
 static inline float mk_f16(uint16_t u) { half h; h.bits = u; return __half2float(h); }
+// a vector load's address must be aligned as on the GPU (a misaligned one faults there)
+static inline void mk_emu_aligned(const void * p, uintptr_t n, const char * what) {
+    if ((uintptr_t) p % n != 0) {
+        fprintf(stderr, "FAIL %s: address %p not %d-byte aligned\n", what, p, (int) n);
+        printf("FAIL %s: address %p not %d-byte aligned\n", what, p, (int) n);
+        abort();
+    }
+}
 static inline float          mk_ldcg(const float * p)          { return *(const volatile float *) p; }
 static inline unsigned long long mk_clock_ns() { return 0; }
 static inline unsigned       mk_ldcg_u32(const unsigned * p)       { return *(const volatile unsigned *) p; }
-static inline uint4          mk_ldcg_u32x4(const uint4 * p) { const volatile unsigned * q = (const volatile unsigned *) p; uint4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
+static inline uint2          mk_ldcg_u32x2(const uint2 * p) { mk_emu_aligned(p, 8, "mk_ldcg_u32x2"); const volatile unsigned * q = (const volatile unsigned *) p; uint2 r; r.x = q[0]; r.y = q[1]; return r; }
+static inline uint4          mk_ldcg_u32x4(const uint4 * p) { mk_emu_aligned(p, 16, "mk_ldcg_u32x4"); const volatile unsigned * q = (const volatile unsigned *) p; uint4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
 static inline float4         mk_ldcg4(const float4 * p) { const volatile float * q = (const volatile float *) p; float4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
 // asynchronous copies done at once (the emulation checks indexing, not the copy pipeline's timing)
 static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }
