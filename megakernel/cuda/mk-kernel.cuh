@@ -2506,8 +2506,8 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                             vr[CL/2][i] = x1.x; vr[(CL/2 + 1) % CL][i] = x1.y; vr[(CL/2 + 2) % CL][i] = x1.z; vr[(CL/2 + 3) % CL][i] = x1.w;
                             continue;
                         }
-                        if (CL == 4 && vt8 && c % 4 == 0) {
-                            // the 4 cells of a dimension in one 8-byte load (as above)
+                        if (LD2 && CL == 4 && vt8 && c % 4 == 0) {
+                            // (LD2) the 4 cells of a dimension in one 8-byte load (as above)
                             const uint2 x0 = mk_ldcg_u32x2((const uint2 *) p0);
                             const uint2 x1 = mk_ldcg_u32x2((const uint2 *) p1);
                             vr[0][i] = x0.x; vr[1 % CL][i] = x0.y;
