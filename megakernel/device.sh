@@ -358,8 +358,9 @@ stage_ctx() {
 # (default 256) after the prompt, and the per-phase profile there (M = 1 lines) -> deep.log. MK_DEEP_VARIANT: kernel
 # variants (one or more): the checks with the last of them on (LLAMA_MEGAKERNEL_VARIANT), and a speed run for each that
 # also times it against the default (as stage bench's MK_VARIANT, with MK_VARIANT_OTHER_BITS); the profile stays the
-# default kernel's. MK_DEEP_FA: test-mk's --fa for all of it (default 0: V cached transposed; 1, llama-server's default on
-# CUDA: V rows as K's, and the graph's flash attention)
+# default kernel's. MK_DEEP_FA: test-mk's --fa for all of it (default 0: V cached transposed; 1: V rows as K's and the
+# graph's flash attention, for models whose flash attention the CUDA backend takes: on the E4B-shaped target it puts some
+# layers on the CPU, 86 graph splits, far too slow at thousands of tokens, and llama-server's -fa auto turns it off)
 stage_deep() {
     local m d p c n v vl fa rc=0
     m=$(echo ${MK_MODELS:-small} | awk '{print $NF}')

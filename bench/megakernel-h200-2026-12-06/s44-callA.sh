@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Never ran: the device refused starts until too little time was left; call B, its cut, ran instead. Its --fa 1 half
+# would not finish in a call: flash attention forced on puts some of this model's layers on the CPU, NOTES.md session 44.)
 # Session 44, call A (cold): deep in a context on the E4B-shaped Q4_0 target (a 7681-token prompt, -c 8192, tg128), the
 # new attention variants against the default, first with V cached transposed (--fa 0, as session 43's call C: 0.758x the
 # graph at 7201) and then with flash attention on (--fa 1: llama-server's default on CUDA; V rows as K's; never measured
