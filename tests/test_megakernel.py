@@ -249,15 +249,24 @@ def test_cuda_kernel_on_host_np8_attention_matches_float64_reference(kernel_emu_
     _check_emu_run(kernel_emu_np8, variant, EMU_RUNS_NP8[variant])
 
 
-def test_cuda_kernel_on_host_load_pairs_planted_bug_fails(tmp_path, cpu_build):
-    """variant 0x800's 8-byte loads of transposed V (4 cells of a dimension; the NP = 8 code, MK_ATT_HD4=64): dimension
-    d + 1's two words swapped must fail the variant's run (against the float64 reference and the default bitwise) and
-    leave the default's run as it was (it never takes the path)"""
-    exe = _mutated_kernel_emu(tmp_path, cpu_build, "vr[(CL/2) % CL][i] = x1.x; vr[(CL/2 + 1) % CL][i] = x1.y;",
-                              "vr[(CL/2) % CL][i] = x1.y; vr[(CL/2 + 1) % CL][i] = x1.x;", defines=MK_ATT_HD4_64)
+LOAD_PAIRS_BUGS = {
+    # the 8-byte loads of transposed V (4 cells of a dimension): dimension d + 1's two words swapped
+    "v-words": ("vr[(CL/2) % CL][i] = x1.x; vr[(CL/2 + 1) % CL][i] = x1.y;",
+                "vr[(CL/2) % CL][i] = x1.y; vr[(CL/2 + 1) % CL][i] = x1.x;"),
+    # the unit's Q in shared memory: each lane's first value of a pair read one float off
+    "q-shared": ("qa = i < np ? qs[2*lane + 64*i]     : 0.0f;", "qa = i < np ? qs[2*lane + 64*i + 1] : 0.0f;"),
+}
+
+
+@pytest.mark.parametrize("bug", list(LOAD_PAIRS_BUGS))
+def test_cuda_kernel_on_host_load_pairs_planted_bug_fails(tmp_path, cpu_build, bug):
+    """variant 0x800's own code (the NP = 8 attention, MK_ATT_HD4=64): a planted bug in its V loads or its Q in shared
+    memory must fail the variant's run (against the float64 reference and the default bitwise) and leave the default's
+    run as it was (it never takes that code)"""
+    exe = _mutated_kernel_emu(tmp_path, cpu_build, *LOAD_PAIRS_BUGS[bug], defines=MK_ATT_HD4_64)
     r = subprocess.run([str(exe), *EMU_RUNS_NP8["0x800"]], capture_output=True, text=True, timeout=900)
     assert r.returncode != 0 and re.search(r"^FAIL variant 0x800: step", r.stdout, re.M), \
-        f"wrong 8-byte V loads went unnoticed (does 0x800 still take them?):\n{r.stdout[-3000:]}"
+        f"planted bug {bug} went unnoticed (does 0x800 still take that code?):\n{r.stdout[-3000:]}"
     r = subprocess.run([str(exe), *EMU_RUNS_NP8["default"]], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK verify M=8: 0 of 8 rows differ" in r.stdout, \
         f"the planted bug reached the default's loads:\n{r.stdout[-3000:]}"

@@ -2524,7 +2524,7 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
                     }
                 }
             }
-            // the round trip's steps, CPI cells each (cells c0s + jj, jj < CPI), in cell order
+            // the round trip's steps s of CPI cells each (cells c + s*CPI + jj, jj < CPI), in cell order
 #pragma unroll
             for (int s = 0; s < LDS; ++s) {
                 float mv[CPI];
