@@ -4,7 +4,7 @@
 //   MK_DEVICE (inline helpers), MK_DEVICE_FN (larger device functions), MK_HOSTDEV (helpers the host also
 //   calls), MK_KERNEL (return type and attributes of the entry point),
 //   MK_SHARED(T, name, n) / MK_SHARED_DYN(T, name) (block-shared arrays), MK_UNROLL, MK_TRAP(),
-//   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) / mk_ldcg4(p) / mk_ldcg_u32x4(p) (loads through L2, past
+//   mk_f16(bits) -> float, mk_ldcg(p) / mk_ldcg_u32(p) / mk_ldcg4(p) / mk_ldcg_u32x2(p) / mk_ldcg_u32x4(p) (loads through L2, past
 //   the non-coherent L1),
 //   mk_cp_async16(dst, src) / mk_cp_async_commit() / mk_cp_async_wait<N>() (asynchronous 16-byte copies
 //   global -> shared, marked first to leave L2: issue, close a group, wait until at most N groups are pending),
@@ -2413,14 +2413,14 @@ MK_DEVICE_FN bool mk_attention(const mk_args & a, int il, int M, float * sm) {
     const ggml_mk_kv_view & kv = st.kv[il];
     const int gqa    = L.n_head / L.n_head_kv;
     const bool vt    = kv.v_sd != 2;   // transposed V: the CPI cells of one dimension are contiguous
-    // transposed V rows 16-byte aligned at multiples of 8 cells: 16-byte loads of 8 cells
-    const bool vt16  = vt && kv.v_sd % 16 == 0 && kv.v_sc == 2 &&
-                       ((uintptr_t) kv.v % 16) == 0 && (kv.v_sh % 16) == 0 &&
-                       (n_kv + 7)/8*8 <= (int) (kv.v_sd/2);   // (a load may pass n_kv, never the row)
-    // (LD2 with 2 cells a step: 8-byte loads of 4 cells where rows are 8-byte aligned)
-    const bool vt8   = vt && kv.v_sd % 8 == 0 && kv.v_sc == 2 &&
-                       ((uintptr_t) kv.v % 8) == 0 && (kv.v_sh % 8) == 0 &&
-                       (n_kv + 3)/4*4 <= (int) (kv.v_sd/2);
+    // transposed V rows b-byte aligned at multiples of b/2 cells: b-byte loads of b/2 cells (a load may pass n_kv,
+    // never the row)
+    auto vt_loads = [&](int b) {
+        return vt && kv.v_sd % b == 0 && kv.v_sc == 2 && ((uintptr_t) kv.v % b) == 0 && (kv.v_sh % b) == 0 &&
+               (n_kv + b/2 - 1)/(b/2)*(b/2) <= (int) (kv.v_sd/2);
+    };
+    const bool vt16  = vt_loads(16);        // 8 cells (CL 8)
+    const bool vt8   = LD2 && vt_loads(8);  // 4 cells (LD2 with 2 cells a step)
     const int PS     = 4 + a.m->max_head_dim;
     // FOLD: the block's area (mk_fold_plan): its Q, the chunks' slots after the fold's scratch
     const mk_fold F  = mk_fold_plan(L, M, nch, a.m->max_head_dim, a.xs_bytes + a.xq_bytes);

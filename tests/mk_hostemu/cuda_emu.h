@@ -167,9 +167,9 @@ static inline unsigned long long mk_clock_ns() { return 0; }
 static inline unsigned       mk_ldcg_u32(const unsigned * p)       { return *(const volatile unsigned *) p; }
 static inline uint2          mk_ldcg_u32x2(const uint2 * p) { mk_emu_aligned(p, 8, "mk_ldcg_u32x2"); const volatile unsigned * q = (const volatile unsigned *) p; uint2 r; r.x = q[0]; r.y = q[1]; return r; }
 static inline uint4          mk_ldcg_u32x4(const uint4 * p) { mk_emu_aligned(p, 16, "mk_ldcg_u32x4"); const volatile unsigned * q = (const volatile unsigned *) p; uint4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
-static inline float4         mk_ldcg4(const float4 * p) { const volatile float * q = (const volatile float *) p; float4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
+static inline float4         mk_ldcg4(const float4 * p) { mk_emu_aligned(p, 16, "mk_ldcg4"); const volatile float * q = (const volatile float *) p; float4 r; r.x = q[0]; r.y = q[1]; r.z = q[2]; r.w = q[3]; return r; }
 // asynchronous copies done at once (the emulation checks indexing, not the copy pipeline's timing)
-static inline void mk_cp_async16(void * dst, const void * src) { memcpy(dst, src, 16); }
+static inline void mk_cp_async16(void * dst, const void * src) { mk_emu_aligned(dst, 16, "mk_cp_async16 (to)"); mk_emu_aligned(src, 16, "mk_cp_async16 (from)"); memcpy(dst, src, 16); }
 static inline void mk_cp_async_commit() {}
 template <int N> static inline void mk_cp_async_wait() {}
 // bulk copies (mk_args.bulk) land only when a thread waits for their mbarrier phase: a read of a stage
